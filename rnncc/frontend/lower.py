@@ -1,0 +1,421 @@
+"""AST → cell IR, with every semantic check of the language.
+
+Input: a parsed ``ast.Module`` and its ``Source``. Output: one ``rnncc.ir.Cell`` per cell
+block, plus warnings; or ``DslError`` carrying every error of the file (and the warnings),
+each with file:line:col, the source line and a caret.
+
+Checks: reserved words as names; duplicate names (states, gates, params, consts,
+temporaries, cells); projection statements after an assignment; projection terms other than
+``W x``, ``R <state>``, ``b`` (repeated in one statement, ``R`` on a non-state, ``R`` on two
+different states); unknown names and functions (with a "did you mean"); wrong arity;
+comparisons outside the first argument of ``where``; a non-constant ``**`` exponent; a state
+never assigned or assigned twice; assignments to gates, params or consts; ``const`` without a
+value; bad ``output`` lists. Warnings: gates, params and temporaries never used.
+
+Semantics: statements run in order, so a state read before its assignment is the previous
+step's value (a ``state`` leaf) and after it the new value (the assigned expression).
+Temporaries and consts are substituted; the result is folded and CSE'd.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+
+from rnncc.errors import Diagnostic, DslError, Source, Span
+from rnncc.frontend import ast
+from rnncc.ir.cell import Cell, Const, Param, Projection, State
+from rnncc.ir.node import Node, toposort
+from rnncc.ir.ops import BINARY, COMPARISONS, FUNCTIONS
+from rnncc.ir.simplify import canonicalize
+
+#: Names the language reserves beyond the lexer's keywords, and why.
+RESERVED_NAMES = {
+    "W": "'W' is reserved for the input weights (as in 'W x')",
+    "R": "'R' is reserved for the recurrent weights (as in 'R h')",
+    "x": "'x' is reserved for the input (as in 'W x')",
+    "b": "'b' is reserved for the bias (as in '+ b')",
+}
+
+
+@dataclass
+class _Decl:
+    kind: str  # state | gate | param | const | temp
+    span: Span
+    used: bool = False
+
+
+def _did_you_mean(name: str, candidates: list[str]) -> tuple[str, ...]:
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    return (f"did you mean '{close[0]}'?",) if close else ()
+
+
+class _CellLowering:
+    """Checks and lowers one cell, collecting diagnostics instead of stopping at the first."""
+
+    def __init__(self, cell: ast.CellDef, source: Source):
+        self.cell = cell
+        self.source = source
+        self.diags: list[Diagnostic] = []
+        self.decls: dict[str, _Decl] = {}
+        self.env: dict[str, Node] = {}
+        self.states: list[State] = []
+        self.assigned: dict[str, Span] = {}
+        self.projections: list[Projection] = []
+        self.params: list[Param] = []
+        self.consts: list[Const] = []
+        self.recurrent: tuple[str, Span] | None = None
+        self.outputs: tuple[str, ...] | None = None
+
+    # ---- diagnostics ---------------------------------------------------------------------
+    def error(self, span: Span | None, message: str, *notes: str) -> None:
+        self.diags.append(Diagnostic("error", message, span, self.source, tuple(notes)))
+
+    def warning(self, span: Span, message: str, *notes: str) -> None:
+        self.diags.append(Diagnostic("warning", message, span, self.source, tuple(notes)))
+
+    def at(self, span: Span) -> str:
+        return f"{self.source.path}:{span.line}:{span.col}"
+
+    # ---- declarations --------------------------------------------------------------------
+    def declare(self, ident: ast.Ident, kind: str) -> bool:
+        name = ident.name
+        if name in RESERVED_NAMES:
+            self.error(ident.span, f"{RESERVED_NAMES[name]} and cannot name a {kind}")
+            return False
+        previous = self.decls.get(name)
+        if previous is not None:
+            self.error(
+                ident.span,
+                f"duplicate name '{name}': already declared as a {previous.kind}",
+                f"first declared at {self.at(previous.span)}",
+            )
+            return False
+        self.decls[name] = _Decl(kind, ident.span)
+        return True
+
+    # ---- statements ----------------------------------------------------------------------
+    def run(self) -> Cell | None:
+        cell = self.cell
+        for item in cell.states:
+            if self.declare(item.name, "state"):
+                init = 0.0 if item.value is None else item.value
+                self.states.append(State(item.name.name, init))
+                self.env[item.name.name] = Node("state", (), item.name.name)
+        if not cell.states:
+            self.error(cell.name.span, f"cell '{cell.name.name}' has no states", "declare them: cell name(h, c)")
+
+        first_assign: Span | None = None
+        for stmt in cell.body:
+            if isinstance(stmt, ast.Projection):
+                if first_assign is not None:
+                    self.error(
+                        stmt.span,
+                        "projection statements must come before any assignment",
+                        f"first assignment at {self.at(first_assign)}",
+                    )
+                self.projection(stmt)
+            elif isinstance(stmt, ast.ParamDecl):
+                self.param_decl(stmt)
+            elif isinstance(stmt, ast.ConstDecl):
+                self.const_decl(stmt)
+            elif isinstance(stmt, ast.OutputDecl):
+                self.output_decl(stmt)
+            else:
+                first_assign = first_assign or stmt.span
+                self.assign(stmt)
+
+        for state in self.states:
+            if state.name not in self.assigned:
+                self.error(
+                    self.decls[state.name].span,
+                    f"state '{state.name}' is never assigned",
+                    "every state must be assigned exactly once per step",
+                )
+        for name, decl in self.decls.items():
+            if not decl.used and decl.kind in ("gate", "param", "temp"):
+                self.warning(decl.span, f"{decl.kind} '{name}' is never used")
+
+        if any(d.severity == "error" for d in self.diags):
+            return None
+        return self.build()
+
+    def projection(self, stmt: ast.Projection) -> None:
+        terms: list[str] = []
+        for term in stmt.terms:
+            part = self.term(term)
+            if part is None:
+                continue
+            if part in terms:
+                self.error(term.span, f"the term '{_term_text(term)}' appears twice in this projection")
+                continue
+            terms.append(part)
+        gates = tuple(ident.name for ident in stmt.names if self.declare(ident, "gate"))
+        for name in gates:
+            self.env[name] = Node("gate", (), name)
+        if terms:
+            self.projections.append(Projection(stmt.keyword, gates, tuple(terms)))
+
+    def term(self, term: ast.Term) -> str | None:
+        words = [w.name for w in term.words]
+        if words == ["W", "x"]:
+            return "x"
+        if words == ["b"]:
+            return "b"
+        if len(words) == 2 and words[0] == "W":
+            self.error(term.words[1].span, "W multiplies only the input: write 'W x'")
+            return None
+        if len(words) == 2 and words[0] == "R":
+            state = term.words[1]
+            decl = self.decls.get(state.name)
+            if decl is None or decl.kind != "state":
+                states = [s.name for s in self.states]
+                self.error(
+                    state.span,
+                    f"R must multiply a state of cell '{self.cell.name.name}'; '{state.name}' is not one",
+                    *_did_you_mean(state.name, states),
+                )
+                return None
+            if self.recurrent is not None and self.recurrent[0] != state.name:
+                first, span = self.recurrent
+                self.error(
+                    state.span,
+                    f"all R terms of a cell must multiply the same state; this one names "
+                    f"'{state.name}', an earlier one '{first}'",
+                    f"first R term at {self.at(span)}",
+                )
+                return None
+            self.recurrent = self.recurrent or (state.name, state.span)
+            return "r"
+        self.error(
+            term.span,
+            f"expected a projection term ('W x', 'R <state>' or 'b'), found '{_term_text(term)}'",
+        )
+        return None
+
+    def param_decl(self, stmt: ast.ParamDecl) -> None:
+        for item in stmt.items:
+            if self.declare(item.name, "param"):
+                init = 0.0 if item.value is None else item.value
+                self.params.append(Param(item.name.name, init))
+                self.env[item.name.name] = Node("param", (), item.name.name)
+
+    def const_decl(self, stmt: ast.ConstDecl) -> None:
+        for item in stmt.items:
+            if item.value is None:
+                self.error(
+                    item.span,
+                    f"const '{item.name.name}' needs a value",
+                    f"write: const {item.name.name} = 1.0",
+                )
+                continue
+            if self.declare(item.name, "const"):
+                self.consts.append(Const(item.name.name, item.value))
+                self.env[item.name.name] = Node("const", (), item.value)
+
+    def output_decl(self, stmt: ast.OutputDecl) -> None:
+        if self.outputs is not None:
+            self.error(stmt.span, "a cell has at most one output statement")
+            return
+        names: list[str] = []
+        for ident in stmt.names:
+            decl = self.decls.get(ident.name)
+            if decl is None or decl.kind != "state":
+                self.error(
+                    ident.span,
+                    f"output '{ident.name}' is not a state of cell '{self.cell.name.name}'",
+                    *_did_you_mean(ident.name, [s.name for s in self.states]),
+                )
+            elif ident.name in names:
+                self.error(ident.span, f"output '{ident.name}' is listed twice")
+            else:
+                names.append(ident.name)
+        self.outputs = tuple(names)
+
+    def assign(self, stmt: ast.Assign) -> None:
+        target = stmt.target
+        name = target.name
+        decl = self.decls.get(name)
+        value = self.expr(stmt.value)
+        if name in RESERVED_NAMES:
+            self.error(target.span, f"{RESERVED_NAMES[name]} and cannot be assigned")
+            return
+        if decl is None:
+            self.decls[name] = _Decl("temp", target.span)
+            if not value.is_leaf and value.name is None:
+                value = value.replace(name=name)
+            self.env[name] = value
+        elif decl.kind == "state":
+            if name in self.assigned:
+                self.error(
+                    target.span,
+                    f"state '{name}' is assigned twice",
+                    f"first assigned at {self.at(self.assigned[name])}",
+                )
+                return
+            self.assigned[name] = target.span
+            self.env[name] = value
+        elif decl.kind == "temp":
+            self.error(
+                target.span,
+                f"'{name}' is already bound; a temporary is bound once",
+                f"first bound at {self.at(decl.span)}",
+            )
+        else:
+            self.error(
+                target.span,
+                f"cannot assign to {decl.kind} '{name}'",
+                f"'{name}' is declared at {self.at(decl.span)}",
+            )
+
+    # ---- expressions ---------------------------------------------------------------------
+    def expr(self, e: ast.Expr, *, compare_ok: bool = False) -> Node:
+        bad = Node("const", (), 0.0)
+        if isinstance(e, ast.Number):
+            return Node("const", (), e.value, span=e.span)
+        if isinstance(e, ast.Name):
+            return self.name(e.ident) or bad
+        if isinstance(e, ast.Neg):
+            return Node("neg", (self.expr(e.operand),), span=e.span)
+        if isinstance(e, ast.Compare):
+            if not compare_ok:
+                self.error(
+                    e.span,
+                    f"comparison '{e.op}' is only allowed as the first argument of where()",
+                    "for example: where(n == 0, a, b)",
+                )
+            op = COMPARISONS[e.op].name
+            return Node(op, (self.expr(e.left), self.expr(e.right)), span=e.span)
+        if isinstance(e, ast.Binary):
+            left = self.expr(e.left)
+            right = self.expr(e.right)
+            if e.op == "**":
+                folded = canonicalize([right])[0]
+                if folded.op != "const":
+                    self.error(
+                        e.right.span,
+                        "the exponent of '**' must be a constant (a number or a const)",
+                    )
+                    return bad
+                return Node("pow", (left,), float(folded.arg), span=e.span)
+            return Node(BINARY[e.op].name, (left, right), span=e.span)
+        return self.call(e)
+
+    def name(self, ident: ast.Ident) -> Node | None:
+        name = ident.name
+        if name in RESERVED_NAMES:
+            self.error(ident.span, f"{RESERVED_NAMES[name]} and cannot appear in an expression")
+            return None
+        decl = self.decls.get(name)
+        if decl is None or name not in self.env:
+            visible = [n for n in self.env if n not in RESERVED_NAMES]
+            notes = _did_you_mean(name, visible)
+            later = next(
+                (s for s in self.cell.body if isinstance(s, ast.Assign) and s.target.name == name),
+                None,
+            )
+            if later is not None:
+                notes += (f"'{name}' is bound later, at {self.at(later.target.span)}",)
+            self.error(ident.span, f"unknown name '{name}'", *notes)
+            return None
+        decl.used = True
+        return self.env[name]
+
+    def call(self, e: ast.Call) -> Node:
+        bad = Node("const", (), 0.0)
+        fname = e.func.name
+        row = FUNCTIONS.get(fname)
+        if row is None:
+            decl = self.decls.get(fname)
+            if decl is not None:
+                self.error(e.func.span, f"'{fname}' is a {decl.kind}, not a function")
+            else:
+                self.error(
+                    e.func.span, f"unknown function '{fname}'", *_did_you_mean(fname, list(FUNCTIONS))
+                )
+            for a in e.args:
+                self.expr(a)
+            return bad
+        if len(e.args) != row.arity:
+            plural = "argument" if row.arity == 1 else "arguments"
+            self.error(e.span, f"{fname}() takes {row.arity} {plural}, got {len(e.args)}")
+            for a in e.args:
+                self.expr(a)
+            return bad
+        if fname == "where":
+            cond = e.args[0]
+            if not isinstance(cond, ast.Compare):
+                self.error(
+                    cond.span,
+                    "the first argument of where() must be a comparison",
+                    "for example: where(n == 0, a, b)",
+                )
+                return bad
+            args = (self.expr(cond, compare_ok=True), self.expr(e.args[1]), self.expr(e.args[2]))
+        else:
+            args = tuple(self.expr(a) for a in e.args)
+        return Node(row.name, args, span=e.span)
+
+    # ---- result --------------------------------------------------------------------------
+    def build(self) -> Cell:
+        names = [s.name for s in self.states]
+        roots = canonicalize([self.env[s] for s in names])
+        if self.outputs is not None:
+            outputs = self.outputs
+        else:
+            outputs = (self.recurrent[0],) if self.recurrent else (names[0],)
+        return Cell(
+            name=self.cell.name.name,
+            states=tuple(self.states),
+            projections=tuple(self.projections),
+            params=tuple(self.params),
+            consts=tuple(self.consts),
+            recurrent=self.recurrent[0] if self.recurrent else None,
+            updates=tuple(zip(names, roots, strict=True)),
+            outputs=outputs,
+            source=self.source,
+        )
+
+
+def _term_text(term: ast.Term) -> str:
+    return " ".join(w.name for w in term.words)
+
+
+def lower(module: ast.Module, source: Source) -> tuple[list[Cell], list[Diagnostic]]:
+    """Check and lower every cell of ``module``; see the module docstring.
+
+    Returns the cells and the warnings; raises ``DslError`` with all errors and warnings of
+    the file when any cell has an error.
+    """
+    cells: list[Cell] = []
+    diags: list[Diagnostic] = []
+    seen: dict[str, Span] = {}
+    for cell_def in module.cells:
+        first = seen.get(cell_def.name.name)
+        if first is not None:
+            diags.append(
+                Diagnostic(
+                    "error",
+                    f"cell '{cell_def.name.name}' is defined twice",
+                    cell_def.name.span,
+                    source,
+                    (f"first defined at {source.path}:{first.line}:{first.col}",),
+                )
+            )
+        seen.setdefault(cell_def.name.name, cell_def.name.span)
+        lowering = _CellLowering(cell_def, source)
+        cell = lowering.run()
+        diags.extend(lowering.diags)
+        if cell is not None:
+            cells.append(cell)
+    if not module.cells:
+        diags.append(Diagnostic("error", "no cell in this file", None, source, ("write: cell name(h) { ... }",)))
+    diags.sort(key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0))
+    if any(d.severity == "error" for d in diags):
+        raise DslError(diags)
+    return cells, diags
+
+
+def leaves_of(cell: Cell) -> list[Node]:
+    """Every leaf node the cell's updates reach (for tests and analyses)."""
+    return [n for n in toposort([n for _, n in cell.updates]) if n.is_leaf]

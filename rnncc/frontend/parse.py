@@ -1,0 +1,243 @@
+"""Source text → AST: the Lark LALR parser, the newline postlexer and the tree transformer.
+
+Syntax errors become ``DslSyntaxError`` with one diagnostic per bad statement: after an
+error, the offending line is blanked and the text parsed again, so a file with several typos
+reports them all at once (up to a limit). Lines that open or close a cell are never blanked
+(that would only cascade), so an error there ends the search.
+
+The parser is built on first use and cached; importing this module does no work.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Iterator
+
+from lark import Lark, Token, Transformer, v_args
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+
+from rnncc.errors import Diagnostic, DslSyntaxError, Source, Span
+from rnncc.frontend import ast
+from rnncc.resources import grammar_path
+
+MAX_SYNTAX_ERRORS = 20
+KEYWORDS = ("cell", "gates", "input", "recurrent", "param", "const", "output", "inf")
+
+_TERMINAL_TEXT = {
+    "NAME": "a name",
+    "NUMBER": "a number",
+    "INF": "'inf'",
+    "SIGN": "a sign",
+    "_SEP": "a newline or ';'",
+    "$END": "the end of the file",
+    "ADD_OP": "'+' or '-'",
+    "MUL_OP": "'*' or '/'",
+    "COMP_OP": "a comparison",
+    "LPAR": "'('",
+    "RPAR": "')'",
+    "LBRACE": "'{'",
+    "RBRACE": "'}'",
+    "COMMA": "','",
+    "EQUAL": "'='",
+    "PLUS": "'+'",
+    "MINUS": "'-'",
+    "__ANON_0": "'**'",
+}
+
+
+class _ParenNewlines:
+    """Postlexer: newlines inside parentheses are not statement ends (';' still is)."""
+
+    always_accept = ("_SEP",)
+
+    def process(self, stream: Iterator[Token]) -> Iterator[Token]:
+        depth = 0
+        for tok in stream:
+            if tok.type == "LPAR":
+                depth += 1
+            elif tok.type == "RPAR":
+                depth = max(0, depth - 1)
+            elif tok.type == "_SEP" and depth > 0 and ";" not in tok:
+                continue
+            yield tok
+
+
+@functools.cache
+def _parser() -> Lark:
+    return Lark(
+        grammar_path().read_text(),
+        parser="lalr",
+        lexer="contextual",
+        postlex=_ParenNewlines(),
+        propagate_positions=True,
+        maybe_placeholders=True,
+    )
+
+
+def _span(meta_or_tok: object) -> Span:
+    m = meta_or_tok
+    return Span(m.line, m.column, m.end_line, m.end_column)  # type: ignore[attr-defined]
+
+
+def _ident(tok: Token) -> ast.Ident:
+    return ast.Ident(str(tok), _span(tok))
+
+
+def _number(text: str) -> float:
+    return float(text)
+
+
+@v_args(meta=True)
+class _ToAst(Transformer):  # type: ignore[type-arg]
+    """Lark tree → ``rnncc.frontend.ast`` nodes."""
+
+    def start(self, meta, children):
+        return ast.Module(tuple(c for c in children if c is not None))
+
+    def cell(self, meta, children):
+        name, *rest = children
+        states = tuple(c for c in rest if isinstance(c, ast.InitItem))
+        body = tuple(c for c in rest if c is not None and not isinstance(c, ast.InitItem))
+        return ast.CellDef(_ident(name), states, body, _span(meta))
+
+    def state_decl(self, meta, children):
+        name, value = children
+        return ast.InitItem(_ident(name), value, _span(meta))
+
+    init_item = state_decl
+
+    def signed_number(self, meta, children):
+        sign, tok = children
+        value = float("inf") if tok.type == "INF" else _number(tok)
+        return -value if sign is not None and sign == "-" else value
+
+    def projection(self, meta, children):
+        kw, *rest = children
+        names = tuple(_ident(c) for c in rest if isinstance(c, Token))
+        terms = tuple(c for c in rest if isinstance(c, ast.Term))
+        return ast.Projection(str(kw), names, terms, _span(meta))
+
+    def proj_kw(self, meta, children):
+        return children[0]
+
+    def term2(self, meta, children):
+        return ast.Term((_ident(children[0]), _ident(children[1])), _span(meta))
+
+    def term1(self, meta, children):
+        return ast.Term((_ident(children[0]),), _span(meta))
+
+    def param_decl(self, meta, children):
+        return ast.ParamDecl(tuple(children), _span(meta))
+
+    def const_decl(self, meta, children):
+        return ast.ConstDecl(tuple(children), _span(meta))
+
+    def output_decl(self, meta, children):
+        return ast.OutputDecl(tuple(_ident(c) for c in children), _span(meta))
+
+    def assign(self, meta, children):
+        target, value = children
+        return ast.Assign(_ident(target), value, _span(meta))
+
+    def compare(self, meta, children):
+        left, op, right = children
+        return ast.Compare(str(op), left, right, _span(meta))
+
+    def binary(self, meta, children):
+        left, op, right = children
+        return ast.Binary(str(op), left, right, _span(meta))
+
+    def pow(self, meta, children):
+        left, right = children
+        return ast.Binary("**", left, right, _span(meta))
+
+    def neg(self, meta, children):
+        return ast.Neg(children[0], _span(meta))
+
+    def number(self, meta, children):
+        return ast.Number(_number(children[0]), _span(meta))
+
+    def inf(self, meta, children):
+        return ast.Number(float("inf"), _span(meta))
+
+    def name(self, meta, children):
+        return ast.Name(_ident(children[0]))
+
+    def call(self, meta, children):
+        func, *args = children
+        return ast.Call(_ident(func), tuple(a for a in args if a is not None), _span(meta))
+
+
+def _describe_expected(expected: set[str] | frozenset[str]) -> str:
+    words = sorted({_TERMINAL_TEXT.get(e, f"'{e.lower()}'") for e in expected})
+    if len(words) > 6:
+        words = words[:6] + ["..."]
+    return ", ".join(words)
+
+
+def _describe_token(tok: Token) -> str:
+    if tok.type == "$END":
+        return "the end of the file"
+    if tok.type == "_SEP":
+        return "the end of the statement" if ";" not in tok else "';'"
+    return f"'{tok}'"
+
+
+def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
+    if isinstance(err, UnexpectedToken):
+        tok = err.token
+        if tok.type == "$END":
+            lines = source.text.splitlines() or [""]
+            span = Span(len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
+        else:
+            span = _span(tok)
+            if tok.type == "_SEP":  # point at the end of the line, not at the next one
+                span = Span(tok.line, tok.column, tok.line, tok.column + 1)
+        expected = set(err.expected) - {"_SEP"} if tok.type != "_SEP" else set(err.expected)
+        if str(tok) in KEYWORDS and "NAME" in err.expected:
+            msg = f"'{tok}' is a reserved word and cannot be used as a name"
+        else:
+            msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(expected or set(err.expected))}"
+        return Diagnostic("error", msg, span, source)
+    if isinstance(err, UnexpectedCharacters):
+        char = source.text[err.pos_in_stream] if err.pos_in_stream < len(source.text) else "?"
+        span = Span(err.line, err.column, err.line, err.column + 1)
+        return Diagnostic("error", f"unexpected character {char!r}", span, source)
+    line, col = getattr(err, "line", 1), getattr(err, "column", 1)
+    return Diagnostic("error", str(err).splitlines()[0], Span(line, col, line, col + 1), source)
+
+
+def _blank_line(text: str, line: int) -> str | None:
+    lines = text.split("\n")
+    if not 0 < line <= len(lines):
+        return None
+    content = lines[line - 1]
+    if re.search(r"[{}]|\bcell\b", content) or not content.strip():
+        return None
+    lines[line - 1] = " " * len(content)
+    return "\n".join(lines)
+
+
+def parse(source: Source) -> ast.Module:
+    """Parse a whole file; raises ``DslSyntaxError`` with every syntax error found."""
+    diagnostics: list[Diagnostic] = []
+    text = source.text
+    while True:
+        try:
+            tree = _parser().parse(text)
+            break
+        except UnexpectedInput as err:
+            diag = _syntax_diagnostic(err, source)
+            diagnostics.append(diag)
+            assert diag.span is not None
+            blanked = _blank_line(text, diag.span.line)
+            if blanked is None or len(diagnostics) >= MAX_SYNTAX_ERRORS:
+                raise DslSyntaxError(diagnostics) from None
+            text = blanked
+    if diagnostics:
+        raise DslSyntaxError(diagnostics)
+    try:
+        return _ToAst().transform(tree)
+    except VisitError as err:  # a bug in the transformer, not in the user's text
+        raise err.orig_exc from None
