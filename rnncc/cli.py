@@ -1,0 +1,157 @@
+"""The ``rnncc`` command (also ``python -m rnncc``).
+
+Subcommands:
+
+- ``rnncc check FILE...`` — parse and check; print every diagnostic; exit 1 on any error;
+- ``rnncc show FILE [--cell NAME] [--backward]`` — the checked IR in surface syntax (folded,
+  CSE'd), or the derived backward cell;
+- ``rnncc compile FILE -o DIR [--cell NAME]`` — write DIR as an importable Python package of
+  the cell (IR, backward IR and source as data; importing it runs no front end);
+- ``rnncc plan FILE --hidden H ...`` — the tiling plan of the fused kernel.
+
+User errors print compiler-style diagnostics to stderr and exit 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from rnncc import __version__
+from rnncc.errors import Diagnostic, DslError, RnnccError
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as err:
+        raise RnnccError(f"{path}: cannot read: {err.strerror or err}") from None
+
+
+def _compile(path: str):
+    from rnncc.frontend import compile_source
+
+    return compile_source(_read(path), path)
+
+
+def _print_warnings(diags: list[Diagnostic]) -> None:
+    for d in diags:
+        print(d.render(), file=sys.stderr)
+
+
+def _pick(cells, name: str | None, path: str):
+    if name is None:
+        if len(cells) == 1:
+            return cells[0]
+        names = ", ".join(c.name for c in cells)
+        raise RnnccError(f"{path} defines several cells ({names}); choose one with --cell NAME")
+    for c in cells:
+        if c.name == name:
+            return c
+    names = ", ".join(c.name for c in cells)
+    raise RnnccError(f"{path} has no cell named '{name}'; it defines: {names}")
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    failed = False
+    for path in args.files:
+        try:
+            cells, warns = _compile(path)
+        except DslError as err:
+            print(err, file=sys.stderr)
+            failed = True
+            continue
+        _print_warnings(warns)
+        if not args.quiet:
+            names = ", ".join(c.name for c in cells)
+            print(f"{path}: ok ({len(cells)} cell{'s' if len(cells) != 1 else ''}: {names})")
+    return 1 if failed else 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from rnncc.autodiff import derive_backward
+    from rnncc.ir.printer import print_backward, print_cell
+
+    cells, warns = _compile(args.file)
+    _print_warnings(warns)
+    chosen = cells if args.cell is None else [_pick(cells, args.cell, args.file)]
+    texts = [print_backward(derive_backward(c)) if args.backward else print_cell(c) for c in chosen]
+    print("\n".join(texts), end="")
+    return 0
+
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    from rnncc.runtime.package import write_package
+
+    cells, warns = _compile(args.file)
+    _print_warnings(warns)
+    cell = _pick(cells, args.cell, args.file)
+    out = write_package(cell, Path(args.output))
+    print(f"wrote {out} (cell '{cell.name}'); import it with the parent folder on sys.path")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rnncc",
+        description="A compiler for recurrent neural network cells written in .rnn files.",
+    )
+    parser.add_argument("--version", action="version", version=f"rnncc {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("check", help="parse and check .rnn files", description="Parse and check .rnn files; print every error and warning.")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only diagnostics")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "show",
+        help="print a cell's IR in surface syntax",
+        description="Print the checked, simplified IR of each cell in surface syntax, "
+        "or with --backward the derived backward cell.",
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--cell", metavar="NAME", help="only this cell of the file")
+    p.add_argument("--backward", action="store_true", help="print the derived backward cell")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser(
+        "compile",
+        help="compile a cell into an importable Python package",
+        description="Compile a cell into DIR, an importable Python package holding the cell's "
+        "IR and backward IR: `import DIR; y, last = DIR.cell(Wx, R, b)`.",
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the package folder to write")
+    p.add_argument("--cell", metavar="NAME", help="the cell to compile when the file has several")
+    p.set_defaults(func=cmd_compile)
+
+    try:
+        from rnncc.tiling import command as plan_command
+    except ImportError:  # the tiling package is optional at this stage of the pipeline
+        plan_command = None
+    if plan_command is not None and hasattr(plan_command, "register"):
+        plan_command.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    func: Callable[[argparse.Namespace], int] = args.func
+    try:
+        return func(args)
+    except DslError as err:
+        print(err, file=sys.stderr)
+        return 1
+    except RnnccError as err:
+        print(f"rnncc: error: {err}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

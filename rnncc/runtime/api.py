@@ -1,0 +1,190 @@
+"""The user-facing cell object: ``rnncc.load(path)`` / ``rnncc.loads(text)`` → ``CompiledCell``.
+
+A ``CompiledCell`` holds the checked forward IR and its derived backward IR and is called
+like a function of tensors (DESIGN.md §2)::
+
+    y, last = cell(Wx, R, b, states=None, params=None, backend="auto")
+
+It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
+shape, dtype or device), fills defaults (declared initial states and params), picks a
+backend and records which one ran in ``last_backend``. Backends: ``"reference"`` (torch ops,
+any device), ``"stepwise"`` and ``"fused"`` (CUDA kernels; not built yet: they raise),
+``"auto"`` (the reference on CPU; on CUDA the fastest available backend, warning once when
+that is the reference, so slowness is never silent).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rnncc.autodiff import derive_backward
+from rnncc.errors import Diagnostic, RnnccError
+from rnncc.frontend import compile_source
+from rnncc.ir.cell import BackwardCell, Cell
+from rnncc.ir.printer import print_backward, print_cell
+from rnncc.runtime.reference import initial_params, initial_states, run_reference
+from rnncc.runtime.validate import validate
+
+BACKENDS = ("auto", "reference", "stepwise", "fused")
+
+
+class RnnccWarning(UserWarning):
+    """Warnings of rnncc: unused declarations in a cell, slow fallbacks."""
+
+
+class CompiledCell:
+    """A checked cell and its backward, callable on tensors; see the module docstring."""
+
+    def __init__(
+        self,
+        ir: Cell,
+        warnings_: tuple[Diagnostic, ...] = (),
+        *,
+        backward_ir: BackwardCell | None = None,
+    ):
+        self.ir = ir
+        self.backward_ir: BackwardCell = backward_ir or derive_backward(ir)
+        self.warnings = warnings_
+        self.last_backend: str | None = None
+        self._warned_fallback = False
+
+    # ---- description ---------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return self.ir.name
+
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        return self.ir.state_names
+
+    @property
+    def param_names(self) -> tuple[str, ...]:
+        return self.ir.param_names
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return self.ir.outputs
+
+    @property
+    def gx_names(self) -> tuple[str, ...]:
+        return self.ir.gx_names
+
+    @property
+    def gr_names(self) -> tuple[str, ...]:
+        return self.ir.gr_names
+
+    @property
+    def gb_names(self) -> tuple[str, ...]:
+        return self.ir.gb_names
+
+    def shapes(self, B: int, T: int, NH: int, D: int) -> dict[str, tuple[int, ...] | None]:
+        """The shape of every input and output at the given sizes (None: pass None)."""
+        gx, gr, gb = len(self.gx_names), len(self.gr_names), len(self.gb_names)
+        S, P, O = len(self.state_names), len(self.param_names), len(self.outputs)
+        return {
+            "Wx": (B, T, gx, NH, D),
+            "R": (gr, NH, D, D) if gr else None,
+            "b": (gb, NH, D) if gb else None,
+            "states": (S, B, NH, D),
+            "params": (P, NH, D) if P else None,
+            "y": (O, B, T, NH, D),
+            "last": (S, B, NH, D),
+        }
+
+    def source(self) -> str:
+        """The forward cell printed in the surface syntax."""
+        return print_cell(self.ir)
+
+    def backward_source(self) -> str:
+        """The derived backward cell, printed for reading."""
+        return print_backward(self.backward_ir)
+
+    def initial_states(self, B: int, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu") -> torch.Tensor:
+        return initial_states(self.ir, B, NH, D, dtype, device)
+
+    def initial_params(self, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu") -> torch.Tensor | None:
+        return initial_params(self.ir, NH, D, dtype, device) if self.ir.params else None
+
+    def __repr__(self) -> str:
+        parts = [
+            f"states={list(self.state_names)}",
+            f"Wx gates={list(self.gx_names)}",
+            f"R gates={list(self.gr_names)}",
+            f"b gates={list(self.gb_names)}",
+        ]
+        if self.param_names:
+            parts.append(f"params={list(self.param_names)}")
+        parts.append(f"outputs={list(self.outputs)}")
+        return f"CompiledCell({self.name}: {', '.join(parts)})"
+
+    # ---- calling -------------------------------------------------------------------------
+    def __call__(
+        self,
+        Wx: torch.Tensor,
+        R: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        states: torch.Tensor | None = None,
+        params: torch.Tensor | None = None,
+        backend: str = "auto",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        sizes = validate(self.ir, Wx, R, b, states, params)
+        if states is None:
+            states = initial_states(self.ir, sizes.B, sizes.NH, sizes.D, Wx.dtype, Wx.device)
+        if params is None and self.ir.params:
+            params = initial_params(self.ir, sizes.NH, sizes.D, Wx.dtype, Wx.device)
+        chosen = self._choose(backend, Wx)
+        self.last_backend = chosen
+        return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
+
+    def _choose(self, backend: str, Wx: torch.Tensor) -> str:
+        if backend in ("stepwise", "fused"):
+            raise RnnccError(
+                f"backend {backend!r} is not available in this version of rnncc; "
+                "use backend='reference' (or 'auto')"
+            )
+        if backend == "auto" and Wx.device.type != "cpu" and not self._warned_fallback:
+            self._warned_fallback = True
+            warnings.warn(
+                f"rnncc: cell '{self.name}' runs on {Wx.device} through the reference backend "
+                "(a Python loop over time steps, much slower than a fused kernel)",
+                RnnccWarning,
+                stacklevel=3,
+            )
+        return "reference"
+
+
+def _pick(cells: list[Cell], cell: str | None, where: str) -> Cell:
+    if cell is None:
+        if len(cells) == 1:
+            return cells[0]
+        names = ", ".join(c.name for c in cells)
+        raise ValueError(f"{where} defines several cells ({names}); choose one with cell='name'")
+    for c in cells:
+        if c.name == cell:
+            return c
+    names = ", ".join(c.name for c in cells)
+    raise ValueError(f"{where} has no cell named {cell!r}; it defines: {names}")
+
+
+def _emit(diags: list[Diagnostic]) -> tuple[Diagnostic, ...]:
+    for d in diags:
+        warnings.warn(d.render(), RnnccWarning, stacklevel=3)
+    return tuple(diags)
+
+
+def loads(text: str, cell: str | None = None, *, path: str = "<string>") -> CompiledCell:
+    """Compile the cell in ``text`` (or the one named ``cell``); raises ``DslError``."""
+    cells, diags = compile_source(text, path)
+    chosen = _pick(cells, cell, path)
+    return CompiledCell(chosen, _emit(diags))
+
+
+def load(path: str | Path, cell: str | None = None) -> CompiledCell:
+    """Compile the cell in the file ``path`` (or the one named ``cell``); raises ``DslError``."""
+    return loads(Path(path).read_text(), cell, path=str(path))

@@ -1,0 +1,81 @@
+"""Compiled cell packages: what ``rnncc compile FILE -o DIR`` writes and how it loads.
+
+DIR becomes an importable Python package:
+
+- ``cell.json`` — the forward and backward IR (``rnncc.ir.serialize``), with the source;
+- ``cell.rnn`` — the cell's source as written, for reading;
+- ``__init__.py`` — loads ``cell.json`` into ``cell`` (a ``CompiledCell``) without running
+  the front end or autodiff, and offers ``RNN(...)``, ``rnncc.RNN`` bound to the cell.
+
+Files are written to a temporary folder and moved into place, so a reader never sees a
+half-written package.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from rnncc import __version__
+from rnncc.autodiff import derive_backward
+from rnncc.ir.cell import Cell
+from rnncc.ir.serialize import dump_cells, load_cells
+from rnncc.runtime.api import CompiledCell
+
+_INIT = '''"""rnncc cell '{name}', compiled from {path} by rnncc {version}.
+
+    from {package} import cell, RNN
+    y, last = cell(Wx, R, b)          # shapes: see cell.shapes(B, T, NH, D)
+    layer = RNN(input_size, hidden_size, num_heads=1)
+
+Generated file: recompile with `rnncc compile` rather than editing it.
+"""
+
+from pathlib import Path as _Path
+
+from rnncc.runtime.package import load_package as _load_package
+
+cell = _load_package(_Path(__file__).with_name("cell.json"))
+
+
+def RNN(*args, **kwargs):
+    """``rnncc.RNN`` with this package's cell."""
+    import rnncc
+
+    return rnncc.RNN(cell, *args, **kwargs)
+'''
+
+
+def write_package(cell: Cell, out: Path) -> Path:
+    """Write ``out`` as a package of ``cell``; replaces an earlier package there."""
+    out = Path(out)
+    data = dump_cells(cell, derive_backward(cell))
+    data["rnncc_version"] = __version__
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        (tmp / "cell.json").write_text(json.dumps(data, indent=1) + "\n")
+        (tmp / "cell.rnn").write_text(cell.source.text if cell.source else "")
+        path = cell.source.path if cell.source else "<string>"
+        init = _INIT.format(name=cell.name, path=path, version=__version__, package=out.name)
+        (tmp / "__init__.py").write_text(init)
+        if out.exists():
+            old = out.with_name(f".{out.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(out, old)
+            os.replace(tmp, out)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
+def load_package(path: Path) -> CompiledCell:
+    """The ``CompiledCell`` stored in a package's ``cell.json``."""
+    cell, backward = load_cells(json.loads(Path(path).read_text()))
+    return CompiledCell(cell, backward_ir=backward)

@@ -1,0 +1,172 @@
+"""The reference backend: the cell IR run step by step with torch ops, on any device.
+
+Forward: per step ``g = Wx[t] + R·h[t-1] + b`` (per head, ``R`` out × in), then the cell's
+update expressions through the IR interpreter. Backward (an ``autograd.Function``): the
+derived backward cell, run in reverse over the saved per-step states, with the recurrent
+path ``Rᵀ·dg`` added to the recurrent state's cotangent, ``dR = Σ_t dgᵀ h[t-1]``,
+``db = Σ_{t,B} dg`` and the params' cotangents reduced over batch and time. So every later
+backend is checked against the backward IR, not against torch autograd.
+
+Precision: float64 inputs compute in float64; float32, float16 and bfloat16 inputs compute
+in float32 (like the kernels) and round results to the storage dtype.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rnncc.ir.cell import BackwardCell, Cell
+from rnncc.ir.interpret import evaluate
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def initial_states(cell: Cell, B: int, NH: int, D: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """``[S, B, NH, D]`` filled with each state's declared initial value."""
+    inits = torch.tensor([s.init for s in cell.states], dtype=dtype, device=device)
+    return inits.view(-1, 1, 1, 1).expand(len(cell.states), B, NH, D).contiguous()
+
+
+def initial_params(cell: Cell, NH: int, D: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """``[P, NH, D]`` filled with each param's declared initial value."""
+    inits = torch.tensor([p.init for p in cell.params], dtype=dtype, device=device)
+    return inits.view(-1, 1, 1).expand(len(cell.params), NH, D).contiguous()
+
+
+class _Step:
+    """Gate assembly and leaf binding for one cell at one set of sizes."""
+
+    def __init__(self, cell: Cell, Wx, R, b, params, cdtype):
+        self.cell = cell
+        self.Wx, self.R, self.b, self.params = Wx, R, b, params
+        self.cdtype = cdtype
+        self.ix = {g: k for k, g in enumerate(cell.gx_names)}
+        self.ir = {g: k for k, g in enumerate(cell.gr_names)}
+        self.ib = {g: k for k, g in enumerate(cell.gb_names)}
+        self.rec = cell.state_names.index(cell.recurrent) if cell.recurrent else None
+
+    def gates(self, t: int, states: list[torch.Tensor]) -> dict[str, torch.Tensor]:
+        rh = None
+        if self.rec is not None:
+            # R [Gr, NH, D_out, D_in] · h [B, NH, D_in] -> [Gr, B, NH, D_out]
+            rh = torch.einsum("gnde,bne->gbnd", self.R, states[self.rec])
+        out: dict[str, torch.Tensor] = {}
+        for gate in self.cell.gates:
+            v = None
+            if gate.name in self.ix:
+                v = self.Wx[:, t, self.ix[gate.name]]
+            if rh is not None and gate.name in self.ir:
+                v = rh[self.ir[gate.name]] if v is None else v + rh[self.ir[gate.name]]
+            if gate.name in self.ib:
+                bias = self.b[self.ib[gate.name]]
+                v = bias.expand_as(states[0]) if v is None else v + bias
+            out[gate.name] = v
+        return out
+
+    def leaves(self, t: int, states: list[torch.Tensor]) -> dict[tuple[str, str], torch.Tensor]:
+        leaves: dict[tuple[str, str], torch.Tensor] = {
+            ("state", s): v for s, v in zip(self.cell.state_names, states, strict=True)
+        }
+        leaves.update((("gate", g), v) for g, v in self.gates(t, states).items())
+        if self.params is not None:
+            leaves.update((("param", p), self.params[k]) for k, p in enumerate(self.cell.param_names))
+        return leaves
+
+
+def _run_forward(cell: Cell, Wx, R, b, states, params):
+    cdtype = compute_dtype(Wx.dtype)
+    up = lambda t: None if t is None else t.to(cdtype)  # noqa: E731
+    Wx_c, R_c, b_c, p_c = up(Wx), up(R), up(b), up(params)
+    step = _Step(cell, Wx_c, R_c, b_c, p_c, cdtype)
+    cur = [s.to(cdtype) for s in states.unbind(0)]
+    B, T, _, NH, D = Wx.shape
+    out_idx = [cell.state_names.index(s) for s in cell.outputs]
+    ys: list[torch.Tensor] = []
+    history: list[list[torch.Tensor]] = []
+    roots = [n for _, n in cell.updates]
+    for t in range(T):
+        history.append(cur)
+        new = evaluate(roots, step.leaves(t, cur), dtype=cdtype, device=Wx.device)
+        cur = [v.expand(B, NH, D) for v in new]
+        ys.append(torch.stack([cur[k] for k in out_idx]))
+    if ys:
+        y = torch.stack(ys, dim=2)
+    else:
+        y = Wx.new_zeros((len(out_idx), B, 0, NH, D), dtype=cdtype)
+    last = torch.stack(cur)
+    return y, last, history, step
+
+
+class ReferenceFunction(torch.autograd.Function):
+    """Forward through the IR interpreter; backward through the derived backward cell."""
+
+    @staticmethod
+    def forward(ctx, cell: Cell, bwd: BackwardCell, Wx, R, b, states, params):  # type: ignore[override]
+        y, last, history, _ = _run_forward(cell, Wx, R, b, states, params)
+        ctx.cell, ctx.bwd = cell, bwd
+        ctx.history = history
+        ctx.save_for_backward(Wx, R, b, params)
+        ctx.states_dtype = states.dtype
+        return y.to(Wx.dtype), last.to(Wx.dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, dy, dlast):  # type: ignore[override]
+        cell: Cell = ctx.cell
+        bwd: BackwardCell = ctx.bwd
+        Wx, R, b, params = ctx.saved_tensors
+        cdtype = compute_dtype(Wx.dtype)
+        up = lambda t: None if t is None else t.to(cdtype)  # noqa: E731
+        step = _Step(cell, up(Wx), up(R), up(b), up(params), cdtype)
+        B, T, _, NH, D = Wx.shape
+        shape = (B, NH, D)
+        S = len(cell.states)
+        ds = [
+            torch.zeros(shape, dtype=cdtype, device=Wx.device) if dlast is None else dlast[k].to(cdtype)
+            for k in range(S)
+        ]
+        dWx = torch.zeros(Wx.shape, dtype=cdtype, device=Wx.device)
+        dR = None if R is None else torch.zeros(R.shape, dtype=cdtype, device=Wx.device)
+        db = None if b is None else torch.zeros(b.shape, dtype=cdtype, device=Wx.device)
+        dp = None if params is None else torch.zeros(params.shape, dtype=cdtype, device=Wx.device)
+        ix = {g: k for k, g in enumerate(cell.gx_names)}
+        ib = {g: k for k, g in enumerate(cell.gb_names)}
+        rec = step.rec
+        roots = list(bwd.roots)
+        ns, ng = len(bwd.d_states), len(bwd.d_gates)
+        for t in reversed(range(T)):
+            old = ctx.history[t]
+            leaves = step.leaves(t, old)
+            leaves.update((("dstate", s), ds[k]) for k, s in enumerate(cell.state_names))
+            for k, s in enumerate(cell.outputs):
+                leaves[("dout", s)] = (
+                    torch.zeros(shape, dtype=cdtype, device=Wx.device) if dy is None else dy[k, :, t].to(cdtype)
+                )
+            outs = [v.expand(shape) for v in evaluate(roots, leaves, dtype=cdtype, device=Wx.device)]
+            d_old, d_g, d_p = outs[:ns], outs[ns : ns + ng], outs[ns + ng :]
+            dg = dict(zip((g for g, _ in bwd.d_gates), d_g, strict=True))
+            for g, k in ix.items():
+                dWx[:, t, k] = dg[g]
+            if rec is not None:
+                dgr = torch.stack([dg[g] for g in cell.gr_names])  # [Gr, B, NH, D]
+                dR += torch.einsum("gbnd,bne->gnde", dgr, old[rec])
+                d_old[rec] = d_old[rec] + torch.einsum("gnde,gbnd->bne", step.R, dgr)
+            if db is not None:
+                for g, k in ib.items():
+                    db[k] += dg[g].sum(0)
+            if dp is not None:
+                for k, v in enumerate(d_p):
+                    dp[k] += v.sum(0)
+            ds = d_old
+        dstates = torch.stack(ds).to(ctx.states_dtype)
+        cast = lambda t, like: None if t is None else t.to(like.dtype)  # noqa: E731
+        return None, None, dWx.to(Wx.dtype), cast(dR, R), cast(db, b), dstates, cast(dp, params)
+
+
+def run_reference(cell: Cell, bwd: BackwardCell, Wx, R, b, states, params):
+    """``(y, last)`` of the reference backend; inputs already validated and defaulted."""
+    return ReferenceFunction.apply(cell, bwd, Wx, R, b, states, params)

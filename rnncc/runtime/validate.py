@@ -1,0 +1,91 @@
+"""Input validation for a cell call: shapes, dtypes, devices, with messages a user can act on.
+
+Input: the tensors of ``cell(Wx, R, b, states, params)`` and the cell IR. Output: the sizes
+``(B, T, NH, D)``; or ``ValueError`` naming the tensor, the expected and the actual shape (or
+dtype, or device). The contract is DESIGN.md §2:
+
+    Wx [B, T, Gx, NH, D]   R [Gr, NH, D, D]   b [Gb, NH, D]
+    states [S, B, NH, D]   params [P, NH, D]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rnncc.ir.cell import Cell
+
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+@dataclass(frozen=True)
+class Sizes:
+    B: int
+    T: int
+    NH: int
+    D: int
+
+
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+def _expect(name: str, t: object, shape: tuple[int, ...], legend: str, like: torch.Tensor) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor of shape {legend}, got {type(t).__name__}")
+    if tuple(t.shape) != shape:
+        want = "[" + ", ".join(str(s) for s in shape) + "]"
+        raise ValueError(f"{name} has shape {_shape(t)}, expected {want} ({legend})")
+    if t.dtype != like.dtype:
+        raise ValueError(f"{name} has dtype {t.dtype}, expected {like.dtype} like Wx")
+    if t.device != like.device:
+        raise ValueError(f"{name} is on {t.device}, expected {like.device} like Wx")
+
+
+def validate(
+    cell: Cell,
+    Wx: torch.Tensor,
+    R: torch.Tensor | None,
+    b: torch.Tensor | None,
+    states: torch.Tensor | None,
+    params: torch.Tensor | None,
+) -> Sizes:
+    """Check every input against the cell; see the module docstring."""
+    gx, gr, gb = len(cell.gx_names), len(cell.gr_names), len(cell.gb_names)
+    ns, npar = len(cell.states), len(cell.params)
+    if not isinstance(Wx, torch.Tensor):
+        raise ValueError(f"Wx must be a torch.Tensor of shape [B, T, Gx={gx}, NH, D], got {type(Wx).__name__}")
+    if Wx.dim() != 5 or Wx.shape[2] != gx:
+        raise ValueError(
+            f"Wx has shape {_shape(Wx)}, expected [B, T, Gx={gx}, NH, D] "
+            f"(the W x gates of cell '{cell.name}': {', '.join(cell.gx_names) or 'none'})"
+        )
+    if Wx.dtype not in DTYPES:
+        raise ValueError(f"Wx has dtype {Wx.dtype}; supported: float32, float16, bfloat16, float64")
+    B, T, _, NH, D = Wx.shape
+    if gr:
+        if R is None:
+            raise ValueError(
+                f"cell '{cell.name}' has R terms (gates {', '.join(cell.gr_names)}): "
+                f"R of shape [Gr={gr}, NH={NH}, D={D}, D={D}] is required"
+            )
+        _expect("R", R, (gr, NH, D, D), f"Gr={gr}, NH, D out, D in", Wx)
+    elif R is not None:
+        raise ValueError(f"cell '{cell.name}' has no 'R h' term: pass R=None")
+    if gb:
+        if b is None:
+            raise ValueError(
+                f"cell '{cell.name}' has bias terms (gates {', '.join(cell.gb_names)}): "
+                f"b of shape [Gb={gb}, NH={NH}, D={D}] is required"
+            )
+        _expect("b", b, (gb, NH, D), f"Gb={gb}, NH, D", Wx)
+    elif b is not None:
+        raise ValueError(f"cell '{cell.name}' has no 'b' term: pass b=None")
+    if states is not None:
+        _expect("states", states, (ns, B, NH, D), f"S={ns} states {', '.join(cell.state_names)}, B, NH, D", Wx)
+    if params is not None:
+        if not npar:
+            raise ValueError(f"cell '{cell.name}' has no params: pass params=None")
+        _expect("params", params, (npar, NH, D), f"P={npar} params {', '.join(cell.param_names)}, NH, D", Wx)
+    return Sizes(B, T, NH, D)
