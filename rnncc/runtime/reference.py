@@ -167,6 +167,13 @@ class ReferenceFunction(torch.autograd.Function):
         return None, None, dWx.to(Wx.dtype), cast(dR, R), cast(db, b), dstates, cast(dp, params)
 
 
+def forward_autograd(cell: Cell, Wx, R, b, states, params):
+    """``(y, last)`` computed with plain differentiable torch ops: torch autograd through the
+    forward, the oracle that the derived backward is tested against."""
+    y, last, _, _ = _run_forward(cell, Wx, R, b, states, params)
+    return y.to(Wx.dtype), last.to(Wx.dtype)
+
+
 def run_reference(cell: Cell, bwd: BackwardCell, Wx, R, b, states, params):
     """``(y, last)`` of the reference backend; inputs already validated and defaulted."""
     return ReferenceFunction.apply(cell, bwd, Wx, R, b, states, params)

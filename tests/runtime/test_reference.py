@@ -1,0 +1,135 @@
+"""The reference backend: equal to torch.nn.LSTM/GRU/RNN with copied weights, gradcheck of
+every example's five inputs, and its derived-backward autograd equal to torch autograd."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import rnncc
+from rnncc.runtime.reference import forward_autograd
+from rnncc.testing import random_inputs, rel_err
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.rnn"))
+EX = {p.stem: p for p in EXAMPLES}
+INPUTS = ("Wx", "R", "b", "states", "params")
+
+
+def _torch_rnn_case(module: torch.nn.RNNBase, gates: int, B=3, T=6, I=5, seed=0):
+    """Inputs of an rnncc cell equivalent to ``module`` (one layer, one direction)."""
+    torch.manual_seed(seed)
+    module = module.double()
+    H = module.hidden_size
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    Wx = (x @ module.weight_ih_l0.T + module.bias_ih_l0).view(B, T, gates, 1, H)
+    R = module.weight_hh_l0.detach().view(gates, 1, H, H)
+    b = module.bias_hh_l0.detach().view(gates, 1, H)
+    return x, Wx.detach(), R, b
+
+
+def test_lstm_matches_torch():
+    B, H = 3, 7
+    module = torch.nn.LSTM(5, H, batch_first=True)
+    x, Wx, R, b = _torch_rnn_case(module, 4)
+    h0, c0 = torch.randn(2, 1, B, H, dtype=torch.float64)
+    out, (hn, cn) = module(x, (h0, c0))
+    cell = rnncc.load(EX["lstm"])
+    y, last = cell(Wx, R, b, torch.stack([h0[0], c0[0]]).view(2, B, 1, H), backend="reference")
+    assert rel_err(y[0].reshape(B, -1, H), out) <= 1e-10
+    assert rel_err(last[0].reshape(B, H), hn[0]) <= 1e-10
+    assert rel_err(last[1].reshape(B, H), cn[0]) <= 1e-10
+
+
+def test_gru_matches_torch():
+    B, H = 3, 7
+    module = torch.nn.GRU(5, H, batch_first=True)
+    x, Wx, R, b = _torch_rnn_case(module, 3)
+    h0 = torch.randn(1, B, H, dtype=torch.float64)
+    out, hn = module(x, h0)
+    cell = rnncc.load(EX["gru"])
+    y, last = cell(Wx, R, b, h0.view(1, B, 1, H), backend="reference")
+    assert rel_err(y[0].reshape(B, -1, H), out) <= 1e-10
+    assert rel_err(last[0].reshape(B, H), hn[0]) <= 1e-10
+
+
+def test_elman_matches_torch():
+    B, H = 2, 4
+    module = torch.nn.RNN(5, H, batch_first=True, nonlinearity="tanh")
+    x, Wx, R, b = _torch_rnn_case(module, 1, B=B)
+    h0 = torch.randn(1, B, H, dtype=torch.float64)
+    out, hn = module(x, h0)
+    y, last = rnncc.load(EX["elman"])(Wx, R, b, h0.view(1, B, 1, H), backend="reference")
+    assert rel_err(y[0].reshape(B, -1, H), out) <= 1e-10
+    assert rel_err(last[0].reshape(B, H), hn[0]) <= 1e-10
+
+
+def test_lstm_multi_head_is_block_diagonal():
+    """Two heads equal two independent single-head runs."""
+    cell = rnncc.load(EX["lstm"])
+    x = random_inputs(cell.ir, 2, 4, 2, 3, seed=1)
+    y, last = cell(*(x[k] for k in INPUTS), backend="reference")
+    for h in range(2):
+        part = {
+            "Wx": x["Wx"][:, :, :, h : h + 1],
+            "R": x["R"][:, h : h + 1],
+            "b": x["b"][:, h : h + 1],
+            "states": x["states"][:, :, h : h + 1],
+            "params": None,
+        }
+        yh, lh = cell(*(part[k] for k in INPUTS), backend="reference")
+        assert rel_err(yh, y[:, :, :, h : h + 1]) <= 1e-12
+        assert rel_err(lh, last[:, :, h : h + 1]) <= 1e-12
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_gradcheck_every_input(path):
+    cell = rnncc.load(path)
+    x = random_inputs(cell.ir, 2, 3, 2, 2, seed=7)
+    names = [k for k in INPUTS if x[k] is not None]
+    args = [x[k].requires_grad_() for k in names]
+
+    def f(*a):
+        kw = dict(zip(names, a))
+        return cell(kw["Wx"], kw.get("R"), kw.get("b"), kw["states"], kw.get("params"), backend="reference")
+
+    assert torch.autograd.gradcheck(f, args)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_derived_backward_equals_torch_autograd(path):
+    cell = rnncc.load(path)
+    x = random_inputs(cell.ir, 3, 5, 2, 4, seed=11)
+    if cell.name == "slstm":  # exercise the n == 0 branch too
+        x["states"][2, 0] = 0.0
+    names = [k for k in INPUTS if x[k] is not None]
+    g = torch.Generator().manual_seed(0)
+    results = []
+    for run in (lambda *a: cell(*a, backend="reference"), lambda *a: forward_autograd(cell.ir, *a)):
+        args = {k: x[k].clone().requires_grad_() for k in names}
+        y, last = run(args["Wx"], args.get("R"), args.get("b"), args["states"], args.get("params"))
+        g = torch.Generator().manual_seed(0)
+        loss = (y * torch.randn(y.shape, generator=g, dtype=y.dtype)).sum() + (
+            last * torch.randn(last.shape, generator=g, dtype=y.dtype)
+        ).sum()
+        grads = torch.autograd.grad(loss, [args[k] for k in names])
+        results.append(((y, last), grads))
+    (ya, la), ga = results[0]
+    (yb, lb), gb = results[1]
+    assert rel_err(ya, yb) == 0.0 and rel_err(la, lb) == 0.0
+    for name, a, b in zip(names, ga, gb, strict=True):
+        assert rel_err(a, b) <= 1e-12, name
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_low_precision_computes_in_float32(dtype):
+    cell = rnncc.load(EX["lstm"])
+    x = random_inputs(cell.ir, 2, 8, 1, 8, seed=3)
+    y64, _ = cell(*(x[k] for k in INPUTS))
+    low = {k: None if v is None else v.to(dtype) for k, v in x.items()}
+    y, last = cell(*(low[k] for k in INPUTS))
+    assert y.dtype == dtype and last.dtype == dtype
+    ref, _ = cell(*(None if low[k] is None else low[k].double() for k in INPUTS))
+    assert rel_err(y, ref) <= (1e-6 if dtype == torch.float32 else 1e-2)
+    assert rel_err(y, y64) <= (1e-5 if dtype == torch.float32 else 5e-2)
