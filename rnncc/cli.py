@@ -25,9 +25,13 @@ from rnncc.errors import Diagnostic, DslError, RnnccError
 
 def _read(path: str) -> str:
     try:
-        return Path(path).read_text()
+        return Path(path).read_text(encoding="utf-8")
     except OSError as err:
         raise RnnccError(f"{path}: cannot read: {err.strerror or err}") from None
+    except UnicodeDecodeError as err:
+        raise RnnccError(
+            f"{path}: cannot read: not UTF-8 text ({err.reason} at byte {err.start})"
+        ) from None
 
 
 def _compile(path: str):
@@ -63,6 +67,10 @@ def cmd_check(args: argparse.Namespace) -> int:
             print(err, file=sys.stderr)
             failed = True
             continue
+        except RnnccError as err:  # an unreadable file: report it and check the others
+            print(f"rnncc: error: {err}", file=sys.stderr)
+            failed = True
+            continue
         _print_warnings(warns)
         if not args.quiet:
             names = ", ".join(c.name for c in cells)
@@ -88,7 +96,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cells, warns = _compile(args.file)
     _print_warnings(warns)
     cell = _pick(cells, args.cell, args.file)
-    out = write_package(cell, Path(args.output))
+    try:
+        out = write_package(cell, Path(args.output))
+    except OSError as err:
+        raise RnnccError(f"{args.output}: cannot write: {err.strerror or err}") from None
     print(f"wrote {out} (cell '{cell.name}'); import it with the parent folder on sys.path")
     return 0
 
@@ -101,7 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"rnncc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("check", help="parse and check .rnn files", description="Parse and check .rnn files; print every error and warning.")
+    p = sub.add_parser(
+        "check",
+        help="parse and check .rnn files",
+        description="Parse and check .rnn files; print every error and warning.",
+    )
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("-q", "--quiet", action="store_true", help="print only diagnostics")
     p.set_defaults(func=cmd_check)
@@ -124,7 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
         "IR and backward IR: `import DIR; y, last = DIR.cell(Wx, R, b)`.",
     )
     p.add_argument("file", metavar="FILE")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the package folder to write")
+    p.add_argument(
+        "-o", "--output", required=True, metavar="DIR", help="the package folder to write"
+    )
     p.add_argument("--cell", metavar="NAME", help="the cell to compile when the file has several")
     p.set_defaults(func=cmd_compile)
 

@@ -148,3 +148,37 @@ def backward_vs_autograd(
             return math.inf
         worst = max(worst, float(diff.max()))
     return worst
+
+
+def pairwise(factors: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """A small set of combinations that covers every pair of values of every two factors
+    (greedy all-pairs), deterministic. Use it to sample a size matrix too large to run whole."""
+    names = list(factors)
+    uncovered = {
+        (a, va, b, vb)
+        for i, a in enumerate(names)
+        for b in names[i + 1 :]
+        for va in factors[a]
+        for vb in factors[b]
+    }
+    rows: list[dict[str, Any]] = []
+    while uncovered:
+        a, va, b, vb = min(uncovered, key=lambda p: (names.index(p[0]), names.index(p[2]), repr(p)))
+        row = {a: va, b: vb}
+        for name in names:
+            if name in row:
+                continue
+
+            def gain(v: Any, name: str = name) -> int:
+                return sum(
+                    1
+                    for other, ov in row.items()
+                    if (name, v, other, ov) in uncovered or (other, ov, name, v) in uncovered
+                )
+
+            row[name] = max(factors[name], key=lambda v: (gain(v), -factors[name].index(v)))
+        for i, x in enumerate(names):
+            for y in names[i + 1 :]:
+                uncovered.discard((x, row[x], y, row[y]))
+        rows.append({n: row[n] for n in names})
+    return rows

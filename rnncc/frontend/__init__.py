@@ -25,4 +25,4 @@ def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[
 
 def compile_file(path: str | Path) -> tuple[list[Cell], list[Diagnostic]]:
     """``compile_source`` of a file's contents, reported under the path as given."""
-    return compile_source(Path(path).read_text(), str(path))
+    return compile_source(Path(path).read_text(encoding="utf-8"), str(path))

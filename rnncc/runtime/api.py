@@ -8,9 +8,11 @@ like a function of tensors (DESIGN.md §2)::
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
 shape, dtype or device), fills defaults (declared initial states and params), picks a
 backend and records which one ran in ``last_backend``. Backends: ``"reference"`` (torch ops,
-any device), ``"stepwise"`` and ``"fused"`` (CUDA kernels; not built yet: they raise),
-``"auto"`` (the reference on CPU; on CUDA the fastest available backend, warning once when
-that is the reference, so slowness is never silent).
+any device), ``"stepwise"`` (CUDA: one matrix product and one generated pointwise kernel
+per step, built on first use), ``"fused"`` (the persistent kernel; not in this version: it
+raises ``TilingError``), ``"auto"`` (the reference on CPU; on CUDA the fastest available
+backend, warning once per cell when that is not the fused kernel, so slowness is never
+silent).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from typing import Any
 import torch
 
 from rnncc.autodiff import derive_backward
-from rnncc.errors import Diagnostic, RnnccError
+from rnncc.errors import Diagnostic, TilingError
 from rnncc.frontend import compile_source
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
@@ -30,6 +32,7 @@ from rnncc.runtime.reference import initial_params, initial_states, run_referenc
 from rnncc.runtime.validate import validate
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
+_STEPWISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class RnnccWarning(UserWarning):
@@ -50,7 +53,8 @@ class CompiledCell:
         self.backward_ir: BackwardCell = backward_ir or derive_backward(ir)
         self.warnings = warnings_
         self.last_backend: str | None = None
-        self._warned_fallback = False
+        self._warned: set[str] = set()
+        self._stepwise: dict[str, Any] = {}
 
     # ---- description ---------------------------------------------------------------------
     @property
@@ -140,22 +144,57 @@ class CompiledCell:
             params = initial_params(self.ir, sizes.NH, sizes.D, Wx.dtype, Wx.device)
         chosen = self._choose(backend, Wx)
         self.last_backend = chosen
+        if chosen == "stepwise":
+            return self._stepwise_ops(Wx.device)(Wx, R, b, states, params)
         return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
 
+    def _stepwise_ops(self, device: torch.device):
+        from rnncc.runtime.stepwise import StepwiseOps, arch_of
+
+        arch = arch_of(device.index if device.index is not None else torch.cuda.current_device())
+        ops = self._stepwise.get(arch)
+        if ops is None:
+            ops = self._stepwise[arch] = StepwiseOps(self.ir, self.backward_ir, arch)
+        return ops
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned and not torch.compiler.is_compiling():
+            self._warned.add(key)
+            warnings.warn(f"rnncc: cell '{self.name}': {message}", RnnccWarning, stacklevel=4)
+
     def _choose(self, backend: str, Wx: torch.Tensor) -> str:
-        if backend in ("stepwise", "fused"):
-            raise RnnccError(
-                f"backend {backend!r} is not available in this version of rnncc; "
-                "use backend='reference' (or 'auto')"
+        on_cuda = Wx.device.type == "cuda"
+        if backend == "fused":
+            raise TilingError(
+                f"cell '{self.name}': the fused persistent kernel is not available in this "
+                "version of rnncc; use backend='stepwise' (or 'auto')"
             )
-        if backend == "auto" and Wx.device.type != "cpu" and not self._warned_fallback:
-            self._warned_fallback = True
-            warnings.warn(
-                f"rnncc: cell '{self.name}' runs on {Wx.device} through the reference backend "
-                "(a Python loop over time steps, much slower than a fused kernel)",
-                RnnccWarning,
-                stacklevel=3,
+        if backend == "stepwise":
+            if not on_cuda:
+                raise ValueError(
+                    f"backend='stepwise' runs on CUDA tensors; Wx is on {Wx.device} "
+                    "(use backend='reference' on the CPU)"
+                )
+            if Wx.dtype not in _STEPWISE_DTYPES:
+                raise ValueError(
+                    f"backend='stepwise' stores float32, float16 or bfloat16; Wx has dtype "
+                    f"{Wx.dtype} (use backend='reference' for float64)"
+                )
+            return "stepwise"
+        if backend == "auto" and on_cuda:
+            if Wx.dtype not in _STEPWISE_DTYPES:
+                self._warn_once(
+                    "reference",
+                    f"{Wx.dtype} on {Wx.device} runs on the reference backend (a Python loop "
+                    "over time steps); the CUDA backends store float32, float16 or bfloat16",
+                )
+                return "reference"
+            self._warn_once(
+                "stepwise",
+                "the fused persistent kernel is not available in this version; running the "
+                "stepwise backend (one matrix product and one kernel launch per step)",
             )
+            return "stepwise"
         return "reference"
 
 
@@ -172,19 +211,23 @@ def _pick(cells: list[Cell], cell: str | None, where: str) -> Cell:
     raise ValueError(f"{where} has no cell named {cell!r}; it defines: {names}")
 
 
-def _emit(diags: list[Diagnostic]) -> tuple[Diagnostic, ...]:
+def _emit(diags: list[Diagnostic], stacklevel: int) -> tuple[Diagnostic, ...]:
     for d in diags:
-        warnings.warn(d.render(), RnnccWarning, stacklevel=3)
+        warnings.warn(d.render(), RnnccWarning, stacklevel=stacklevel + 1)
     return tuple(diags)
+
+
+def _load(text: str, cell: str | None, path: str, stacklevel: int) -> CompiledCell:
+    cells, diags = compile_source(text, path)
+    chosen = _pick(cells, cell, path)
+    return CompiledCell(chosen, _emit(diags, stacklevel + 1))
 
 
 def loads(text: str, cell: str | None = None, *, path: str = "<string>") -> CompiledCell:
     """Compile the cell in ``text`` (or the one named ``cell``); raises ``DslError``."""
-    cells, diags = compile_source(text, path)
-    chosen = _pick(cells, cell, path)
-    return CompiledCell(chosen, _emit(diags))
+    return _load(text, cell, path, stacklevel=2)
 
 
 def load(path: str | Path, cell: str | None = None) -> CompiledCell:
     """Compile the cell in the file ``path`` (or the one named ``cell``); raises ``DslError``."""
-    return loads(Path(path).read_text(), cell, path=str(path))
+    return _load(Path(path).read_text(encoding="utf-8"), cell, str(path), stacklevel=2)

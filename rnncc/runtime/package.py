@@ -8,12 +8,16 @@ DIR becomes an importable Python package:
   the front end or autodiff, and offers ``RNN(...)``, ``rnncc.RNN`` bound to the cell.
 
 Files are written to a temporary folder and moved into place, so a reader never sees a
-half-written package.
+half-written package. DIR's name must be a Python identifier and not a keyword (it is the
+package's import name); an existing DIR is replaced only when it holds an earlier package (a
+``cell.json``), never a folder of other files; if the move fails the earlier package is put
+back.
 """
 
 from __future__ import annotations
 
 import json
+import keyword
 import os
 import shutil
 import tempfile
@@ -21,6 +25,7 @@ from pathlib import Path
 
 from rnncc import __version__
 from rnncc.autodiff import derive_backward
+from rnncc.errors import RnnccError
 from rnncc.ir.cell import Cell
 from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.api import CompiledCell
@@ -52,21 +57,38 @@ def RNN(*args, **kwargs):
 def write_package(cell: Cell, out: Path) -> Path:
     """Write ``out`` as a package of ``cell``; replaces an earlier package there."""
     out = Path(out)
+    if not out.name.isidentifier() or keyword.iskeyword(out.name):
+        raise RnnccError(
+            f"{out}: a package folder needs a Python identifier as its name "
+            f"(its import name), not {out.name!r}"
+        )
+    if out.exists() and not (out / "cell.json").is_file():
+        raise RnnccError(
+            f"{out} exists and is not an rnncc package: not replacing it; "
+            "remove it or choose another output folder"
+        )
     data = dump_cells(cell, derive_backward(cell))
     data["rnncc_version"] = __version__
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         (tmp / "cell.json").write_text(json.dumps(data, indent=1) + "\n")
-        (tmp / "cell.rnn").write_text(cell.source.text if cell.source else "")
+        (tmp / "cell.rnn").write_text(cell.source.text if cell.source else "", encoding="utf-8")
         path = cell.source.path if cell.source else "<string>"
         init = _INIT.format(name=cell.name, path=path, version=__version__, package=out.name)
-        (tmp / "__init__.py").write_text(init)
+        (tmp / "__init__.py").write_text(init, encoding="utf-8")
+        # mkdtemp makes the folder private (0700); give it the mode a plain mkdir would.
+        mode = (tmp / "cell.json").stat().st_mode & 0o666
+        os.chmod(tmp, mode | (mode & 0o444) >> 2)
         if out.exists():
             old = out.with_name(f".{out.name}.old")
             shutil.rmtree(old, ignore_errors=True)
             os.replace(out, old)
-            os.replace(tmp, out)
+            try:
+                os.replace(tmp, out)
+            except BaseException:
+                os.replace(old, out)
+                raise
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)

@@ -31,11 +31,17 @@ def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
 
+def _given(t: object) -> str:
+    return f"a tensor of shape {_shape(t)}" if isinstance(t, torch.Tensor) else type(t).__name__
+
+
 def _expect(name: str, t: object, shape: tuple[int, ...], legend: str, like: torch.Tensor) -> None:
+    want = "[" + ", ".join(str(s) for s in shape) + "]"
     if not isinstance(t, torch.Tensor):
-        raise ValueError(f"{name} must be a torch.Tensor of shape {legend}, got {type(t).__name__}")
+        raise ValueError(
+            f"{name} must be a torch.Tensor of shape {want} ({legend}), got {type(t).__name__}"
+        )
     if tuple(t.shape) != shape:
-        want = "[" + ", ".join(str(s) for s in shape) + "]"
         raise ValueError(f"{name} has shape {_shape(t)}, expected {want} ({legend})")
     if t.dtype != like.dtype:
         raise ValueError(f"{name} has dtype {t.dtype}, expected {like.dtype} like Wx")
@@ -55,7 +61,9 @@ def validate(
     gx, gr, gb = len(cell.gx_names), len(cell.gr_names), len(cell.gb_names)
     ns, npar = len(cell.states), len(cell.params)
     if not isinstance(Wx, torch.Tensor):
-        raise ValueError(f"Wx must be a torch.Tensor of shape [B, T, Gx={gx}, NH, D], got {type(Wx).__name__}")
+        raise ValueError(
+            f"Wx must be a torch.Tensor of shape [B, T, Gx={gx}, NH, D], got {type(Wx).__name__}"
+        )
     if Wx.dim() != 5 or Wx.shape[2] != gx:
         raise ValueError(
             f"Wx has shape {_shape(Wx)}, expected [B, T, Gx={gx}, NH, D] "
@@ -72,7 +80,7 @@ def validate(
             )
         _expect("R", R, (gr, NH, D, D), f"Gr={gr}, NH, D out, D in", Wx)
     elif R is not None:
-        raise ValueError(f"cell '{cell.name}' has no 'R h' term: pass R=None")
+        raise ValueError(f"cell '{cell.name}' has no 'R h' term: pass R=None, not {_given(R)}")
     if gb:
         if b is None:
             raise ValueError(
@@ -81,11 +89,25 @@ def validate(
             )
         _expect("b", b, (gb, NH, D), f"Gb={gb}, NH, D", Wx)
     elif b is not None:
-        raise ValueError(f"cell '{cell.name}' has no 'b' term: pass b=None")
+        raise ValueError(f"cell '{cell.name}' has no 'b' term: pass b=None, not {_given(b)}")
     if states is not None:
-        _expect("states", states, (ns, B, NH, D), f"S={ns} states {', '.join(cell.state_names)}, B, NH, D", Wx)
+        _expect(
+            "states",
+            states,
+            (ns, B, NH, D),
+            f"S={ns} states {', '.join(cell.state_names)}, B, NH, D",
+            Wx,
+        )
     if params is not None:
         if not npar:
-            raise ValueError(f"cell '{cell.name}' has no params: pass params=None")
-        _expect("params", params, (npar, NH, D), f"P={npar} params {', '.join(cell.param_names)}, NH, D", Wx)
+            raise ValueError(
+                f"cell '{cell.name}' has no params: pass params=None, not {_given(params)}"
+            )
+        _expect(
+            "params",
+            params,
+            (npar, NH, D),
+            f"P={npar} params {', '.join(cell.param_names)}, NH, D",
+            Wx,
+        )
     return Sizes(B, T, NH, D)

@@ -1,0 +1,163 @@
+"""Cell IR → the CUDA source of the stepwise backend's per-step kernels.
+
+Input: a forward ``Cell`` and its ``BackwardCell``. Output: ``GeneratedSource`` — the text of
+``<cell>_stepwise.cu`` (rendered from ``templates/stepwise_cell.cu.j2``) plus the names of the
+headers it includes. The kernel bodies are built here, in Python, as lines of C: leaf loads
+(only the leaves a body reads), the rendered expressions, and the stores; the template only
+places them. Identifiers: ``s_<state>`` old states, ``g_<gate>`` gates, ``p_<param>``
+params, ``dn_<state>``/``do_<state>`` the cotangents of new states and outputs, ``v_<name>``
+temporaries, ``new_<state>`` / ``d_<name>`` results.
+
+Deterministic: the same cells give byte-identical text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rnncc import __version__
+from rnncc.codegen.expr import render_body
+from rnncc.codegen.templates import render_template
+from rnncc.ir.cell import BackwardCell, Cell
+from rnncc.ir.node import Node, toposort
+
+HEADERS = ("rnncc_abi.h", "rnncc_ops.cuh")
+_LEAF_PREFIX = {"state": "s_", "gate": "g_", "param": "p_", "dstate": "dn_", "dout": "do_"}
+
+
+@dataclass(frozen=True)
+class GeneratedSource:
+    filename: str
+    text: str
+    headers: tuple[str, ...] = HEADERS
+
+
+def leaf_name(node: Node) -> str:
+    return _LEAF_PREFIX[node.op] + str(node.arg)
+
+
+def _used_leaves(roots: list[Node]) -> set[tuple[str, str]]:
+    return {(n.op, n.arg) for n in toposort(roots) if n.is_leaf and n.op != "const"}
+
+
+def _leaf_loads(cell: Cell, used: set[tuple[str, str]], state_buf: str) -> list[str]:
+    """Load lines for the leaves in ``used``, in declaration order."""
+    ix = {g: k for k, g in enumerate(cell.gx_names)}
+    ir = {g: k for k, g in enumerate(cell.gr_names)}
+    ib = {g: k for k, g in enumerate(cell.gb_names)}
+    lines = []
+    for k, s in enumerate(cell.state_names):
+        if ("state", s) in used:
+            lines.append(f"const float s_{s} = a.{state_buf}[{k} * NBD + i];")
+    for gate in cell.gates:
+        g = gate.name
+        if ("gate", g) not in used:
+            continue
+        parts = []
+        if g in ix:
+            parts.append(f"rnncc::to_float(Wx[{ix[g]} * NHD])")
+        if g in ir:
+            parts.append(f"Rh[{ir[g]} * a.D]")
+        if g in ib:
+            parts.append(f"rnncc::to_float(bias[{ib[g]} * NHD])")
+        lines.append(f"const float g_{g} = {' + '.join(parts)};")
+    for k, p in enumerate(cell.param_names):
+        if ("param", p) in used:
+            lines.append(f"const float p_{p} = rnncc::to_float(prm[{k} * NHD]);")
+    return lines
+
+
+def forward_lines(cell: Cell) -> list[str]:
+    roots = [n for _, n in cell.updates]
+    body = render_body(roots, leaf_name)
+    lines = ["// leaves", *_leaf_loads(cell, _used_leaves(roots), "s_old"), "// the cell"]
+    lines += body.lines
+    lines.append("// new states and outputs")
+    for (s, _), expr in zip(cell.updates, body.results, strict=True):
+        lines.append(f"const float new_{s} = {expr};")
+    for k, s in enumerate(cell.state_names):
+        lines.append(f"a.s_new[{k} * NBD + i] = new_{s};")
+    for o, s in enumerate(cell.outputs):
+        lines.append(f"y[{o} * yO] = rnncc::from_float<T>(new_{s});")
+    return lines
+
+
+def backward_lines(bwd: BackwardCell) -> list[str]:
+    cell = bwd.forward
+    roots = list(bwd.roots)
+    body = render_body(roots, leaf_name)
+    used = _used_leaves(roots)
+    lines = ["// leaves", *_leaf_loads(cell, used, "s_old")]
+    for k, s in enumerate(cell.state_names):
+        if ("dstate", s) in used:
+            lines.append(f"const float dn_{s} = a.ds_new[{k} * NBD + i];")
+    for o, s in enumerate(cell.outputs):
+        if ("dout", s) in used:
+            lines.append(f"const float do_{s} = rnncc::to_float(dy[{o} * yO]);")
+    lines.append("// the backward cell")
+    lines += body.lines
+    results = dict(
+        zip(
+            [("state", s) for s, _ in bwd.d_states]
+            + [("gate", g) for g, _ in bwd.d_gates]
+            + [("param", p) for p, _ in bwd.d_params],
+            body.results,
+            strict=True,
+        )
+    )
+    lines.append("// cotangents of the old states, the gates and the params")
+    for k, s in enumerate(cell.state_names):
+        lines.append(f"a.ds_old[{k} * NBD + i] = {results[('state', s)]};")
+    ix = {g: k for k, g in enumerate(cell.gx_names)}
+    ir = {g: k for k, g in enumerate(cell.gr_names)}
+    ib = {g: k for k, g in enumerate(cell.gb_names)}
+    for gate in cell.gates:
+        g = gate.name
+        lines.append(f"const float d_{g} = {results[('gate', g)]};")
+        if g in ix:
+            lines.append(f"dWx[{ix[g]} * NHD] = rnncc::from_float<T>(d_{g});")
+        if g in ir:
+            lines.append(f"dGr[{ir[g]} * a.D] = d_{g};")
+        if g in ib:
+            lines.append(f"dGb[{ib[g]} * a.D] = d_{g};")
+    for k, p in enumerate(cell.param_names):
+        lines.append(f"dP[{k} * a.D] = {results[('param', p)]};")
+    return lines
+
+
+def header_comment(cell: Cell, plan: str = "stepwise: one thread per (head, batch, unit)") -> str:
+    """The generated file's header: rnncc version, the cell's source, the plan."""
+    source = (cell.source.text if cell.source else "").rstrip("\n").splitlines()
+    path = cell.source.path if cell.source else "<string>"
+    lines = [
+        f"// Generated by rnncc {__version__} from cell '{cell.name}' of {path}. Do not edit.",
+        f"// Plan: {plan}",
+        "// Source:",
+        *[f"//   {line}".rstrip() for line in source],
+    ]
+    return "\n".join(lines)
+
+
+def generate_stepwise(cell: Cell, bwd: BackwardCell) -> GeneratedSource:
+    """The stepwise kernels of ``cell``; see the module docstring."""
+    join = lambda names: ", ".join(names) or "none"  # noqa: E731
+    text = render_template(
+        "stepwise_cell.cu.j2",
+        header=header_comment(cell),
+        cell=cell.name,
+        S=len(cell.states),
+        O=len(cell.outputs),
+        Gx=len(cell.gx_names),
+        Gr=len(cell.gr_names),
+        Gb=len(cell.gb_names),
+        P=len(cell.params),
+        state_names=join(cell.state_names),
+        output_names=join(cell.outputs),
+        gx_names=join(cell.gx_names),
+        gr_names=join(cell.gr_names),
+        gb_names=join(cell.gb_names),
+        param_names=join(cell.param_names),
+        forward=forward_lines(cell),
+        backward=backward_lines(bwd),
+    )
+    return GeneratedSource(f"{cell.name}_stepwise.cu", text)

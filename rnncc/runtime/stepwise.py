@@ -1,0 +1,202 @@
+"""The stepwise CUDA backend as a PyTorch custom op with autograd.
+
+Input: a checked cell and its backward cell. Output: a ``StepwiseOps`` whose ``__call__`` runs
+``(y, last)`` on CUDA tensors. Two libraries are involved:
+
+- the host loop (``templates/stepwise_host.cpp``), generic over cells, built once per
+  torch/CUDA/arch and loaded into torch as the ``rnncc_host`` op namespace;
+- the cell's kernels (``rnncc.codegen.stepwise``), a torch-free library whose ``extern "C"``
+  launchers the host loop calls through function pointers (``templates/rnncc_abi.h``).
+
+Per cell, ``torch.library.custom_op`` registers ``rnncc::<cell>_<key>_forward`` and
+``..._backward`` with fake (meta) implementations and an autograd formula, so a model using
+the cell works under ``torch.compile(fullgraph=True)`` and inside CUDA graphs. The forward
+saves the per-step states and ``R h`` products (float32) only when a gradient is needed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import threading
+from pathlib import Path
+
+import torch
+
+from rnncc.codegen.stepwise import HEADERS, generate_stepwise
+from rnncc.config import get_config
+from rnncc.errors import BuildError
+from rnncc.ir.cell import BackwardCell, Cell
+from rnncc.resources import templates_dir
+from rnncc.runtime.build import build_library, device_arch
+
+ABI_VERSION = 1
+STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_lock = threading.Lock()
+
+
+def _header_paths() -> list[Path]:
+    return [templates_dir() / h for h in HEADERS]
+
+
+@functools.cache
+def _host_library(arch: str) -> Path:
+    source = (templates_dir() / "stepwise_host.cpp").read_text()
+    path = build_library(
+        "rnncc_stepwise_host", {"stepwise_host.cpp": source}, arch=arch, headers=_header_paths()
+    )
+    torch.ops.load_library(str(path))
+    version = torch.ops.rnncc_host.abi_version()
+    if version != ABI_VERSION:
+        raise BuildError(f"host library {path} has ABI {version}, expected {ABI_VERSION}")
+    return path
+
+
+def build_cell_library(cell: Cell, bwd: BackwardCell, arch: str) -> Path:
+    """Build (or find in the cache) the cell's kernel library for ``arch``."""
+    src = generate_stepwise(cell, bwd)
+    return build_library(
+        f"rnncc_{cell.name}_stepwise", {src.filename: src.text}, arch=arch, headers=_header_paths()
+    )
+
+
+class StepwiseOps:
+    """The stepwise backend of one cell on one arch; see the module docstring."""
+
+    def __init__(self, cell: Cell, bwd: BackwardCell, arch: str):
+        self.cell = cell
+        self.poison = get_config().poison  # read once: the call path must stay compile-friendly
+        with _lock:
+            _host_library(arch)
+            path = build_cell_library(cell, bwd, arch)
+        lib = ctypes.CDLL(str(path))
+        if lib.rnncc_abi_version() != ABI_VERSION:
+            raise BuildError(f"cell library {path} has ABI {lib.rnncc_abi_version()}, expected {ABI_VERSION}")
+        self._lib = lib  # keeps the library loaded
+        fwd = ctypes.cast(lib.rnncc_forward_step, ctypes.c_void_p).value
+        bwd_fn = ctypes.cast(lib.rnncc_backward_step, ctypes.c_void_p).value
+        rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
+        dims = [
+            len(cell.states),
+            len(cell.outputs),
+            len(cell.gx_names),
+            len(cell.gr_names),
+            len(cell.gb_names),
+            len(cell.params),
+            rec,
+        ]
+        self.op_name = f"{cell.name}_{path.parent.name.rsplit('-', 1)[-1]}"
+        self.forward_op = _define_ops(self.op_name, int(fwd), int(bwd_fn), dims)
+
+    def __call__(self, Wx, R, b, states, params):
+        inputs = [t for t in (Wx, R, b, states, params) if t is not None]
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        y, last, _, _ = self.forward_op(Wx, R, b, states, params, save, self.poison)
+        return y, last
+
+
+_defined: dict[str, object] = {}
+
+
+def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
+    """Register (once per process) the custom ops of one cell library."""
+    if name in _defined:
+        return _defined[name]
+    S, O, _, Gr, _, _, _ = dims
+    Tensor = torch.Tensor
+
+    @torch.library.custom_op(f"rnncc::{name}_forward", mutates_args=())
+    def forward(
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        states: Tensor,
+        params: Tensor | None,
+        save: bool,
+        poison: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        return tuple(  # type: ignore[return-value]
+            torch.ops.rnncc_host.stepwise_forward(Wx, R, b, states, params, fwd_ptr, dims, save, poison)
+        )
+
+    @forward.register_fake
+    def _(Wx, R, b, states, params, save, poison):
+        B, T, _, NH, D = Wx.shape
+        f32 = dict(dtype=torch.float32, device=Wx.device)
+        hist = Wx.new_empty((T + 1, S, NH, B, D), **f32) if save else Wx.new_empty((0,), **f32)
+        rh = Wx.new_empty((T, NH, B, Gr * D), **f32) if save and Gr else Wx.new_empty((0,), **f32)
+        return Wx.new_empty((O, B, T, NH, D)), Wx.new_empty((S, B, NH, D)), hist, rh
+
+    @torch.library.custom_op(f"rnncc::{name}_backward", mutates_args=())
+    def backward(
+        dy: Tensor,
+        dlast: Tensor,
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        params: Tensor | None,
+        hist: Tensor,
+        rh: Tensor,
+        poison: bool,
+    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        return tuple(  # type: ignore[return-value]
+            torch.ops.rnncc_host.stepwise_backward(
+                dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison
+            )
+        )
+
+    @backward.register_fake
+    def _(dy, dlast, Wx, R, b, params, hist, rh, poison):
+        empty = Wx.new_empty((0,))
+        return (
+            Wx.new_empty(Wx.shape),
+            empty if R is None else R.new_empty(R.shape),
+            empty if b is None else b.new_empty(b.shape),
+            dlast.new_empty(dlast.shape),
+            empty if params is None else params.new_empty(params.shape),
+        )
+
+    def setup_context(ctx, inputs, output):
+        Wx, R, b, states, params, save, poison = inputs
+        _, _, hist, rh = output
+        ctx.save_for_backward(Wx, R, b, params, hist, rh)
+        ctx.has = (R is not None, b is not None, params is not None)
+        ctx.poison = poison
+        ctx.states_shape = states.shape
+        ctx.states_dtype = states.dtype
+        ctx.save = save
+
+    def grad(ctx, dy, dlast, _dhist, _drh):
+        if not ctx.save:
+            raise RuntimeError(
+                "rnncc: this forward ran without saving for backward (no input required grad)"
+            )
+        Wx, R, b, params, hist, rh = ctx.saved_tensors
+        B, T, _, NH, D = Wx.shape
+        if dy is None:
+            dy = Wx.new_zeros((O, B, T, NH, D))
+        if dlast is None:
+            dlast = Wx.new_zeros(ctx.states_shape)
+        dWx, dR, db, dstates, dparams = backward(
+            dy, dlast.to(Wx.dtype), Wx, R, b, params, hist, rh, ctx.poison
+        )
+        has_r, has_b, has_p = ctx.has
+        return (
+            dWx,
+            dR if has_r else None,
+            db if has_b else None,
+            dstates.to(ctx.states_dtype),
+            dparams if has_p else None,
+            None,
+            None,
+        )
+
+    forward.register_autograd(grad, setup_context=setup_context)
+    _defined[name] = forward
+    return forward
+
+
+@functools.cache
+def arch_of(device_index: int) -> str:
+    """The build arch of a CUDA device (cached: a device's capability does not change)."""
+    return device_arch(device_index)

@@ -1,0 +1,43 @@
+// The ABI between rnncc's generic host loop (stepwise_host.cpp, built once) and a cell's
+// generated kernels (one small torch-free library per cell). Plain C: both sides are built
+// separately, possibly by different compilers. Bump RNNCC_ABI_VERSION on any change.
+//
+// Layouts (float32 internal buffers are head-major so R·h is one batched matmul per step):
+//   Wx, dWx   [B, T, Gx, NH, D]  storage dtype         y, dy   [O, B, T, NH, D] storage
+//   bias      [Gb, NH, D]        storage               params  [P, NH, D]       storage
+//   s_*, ds_* [S, NH, B, D]      float32               Rh      [NH, B, Gr * D]  float32
+//   dGr       [NH, B, Gr * D]    float32               dGb     [NH, B, Gb * D]  float32
+//   dP        [NH, B, P * D]     float32
+#pragma once
+#include <cuda_runtime.h>
+
+#define RNNCC_ABI_VERSION 1
+
+enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
+
+typedef struct rnncc_step_args {
+  int B, T, NH, D;  // sizes
+  int t;            // the step
+  int dtype;        // rnncc_dtype of the storage tensors
+  // forward and backward inputs
+  const void* Wx;
+  const float* Rh;
+  const void* bias;
+  const void* params;
+  const float* s_old;
+  // forward outputs
+  float* s_new;
+  void* y;
+  // backward inputs
+  const float* ds_new;
+  const void* dy;
+  // backward outputs
+  float* ds_old;
+  void* dWx;
+  float* dGr;
+  float* dGb;
+  float* dP;
+} rnncc_step_args;
+
+// A launcher: enqueues one step on `stream`; returns a cudaError_t (0: success).
+typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);

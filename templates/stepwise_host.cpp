@@ -1,0 +1,181 @@
+// rnncc stepwise backend: the generic host loop, shared by every cell and built once per
+// torch/CUDA installation. A cell's generated kernels live in their own torch-free library
+// and are called through the function pointers and the struct of rnncc_abi.h.
+//
+// Forward, per step t: Rh = R·h[t-1] as one batched matmul over heads (float32, ATen), then
+// the cell's pointwise kernel. Backward, per step from the last: the cell's backward kernel,
+// then the recurrent state's cotangent += Rᵀ·dg. After the loop dR = Σ_t dgᵀ h[t-1] is one
+// einsum (a batched GEMM), db and dparams one reduction each. No host synchronisation: the
+// loop only enqueues work on the current stream, so it can be captured in a CUDA graph.
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include <limits>
+#include <tuple>
+
+#include "rnncc_abi.h"
+
+namespace {
+
+struct Dims {
+  int64_t S, O, Gx, Gr, Gb, P, rec;
+  explicit Dims(at::IntArrayRef d) {
+    TORCH_CHECK(d.size() == 7, "rnncc: dims must be [S, O, Gx, Gr, Gb, P, rec]");
+    S = d[0]; O = d[1]; Gx = d[2]; Gr = d[3]; Gb = d[4]; P = d[5]; rec = d[6];
+  }
+};
+
+int dtype_code(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return RNNCC_F32;
+    case at::kHalf: return RNNCC_F16;
+    case at::kBFloat16: return RNNCC_BF16;
+    default: TORCH_CHECK(false, "rnncc stepwise: unsupported storage dtype ", t);
+  }
+  return -1;
+}
+
+const void* cptr(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr() : nullptr; }
+void* mptr(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr() : nullptr; }
+const float* cfptr(const at::Tensor& t) {
+  return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr;
+}
+float* fptr(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<float>() : nullptr; }
+
+at::Tensor opt(const c10::optional<at::Tensor>& t) { return t.has_value() ? t->contiguous() : at::Tensor(); }
+
+void launch(int64_t fn, const rnncc_step_args& a, cudaStream_t stream, const char* what) {
+  const int err = reinterpret_cast<rnncc_step_fn>(fn)(&a, stream);
+  TORCH_CHECK(err == 0, "rnncc stepwise: launching the ", what, " kernel failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
+void poison(at::Tensor& t) {
+  if (t.defined() && t.numel()) t.fill_(std::numeric_limits<float>::quiet_NaN());
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
+    const at::Tensor& Wx_, const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
+    const at::Tensor& states, const c10::optional<at::Tensor>& params_, int64_t fn,
+    at::IntArrayRef dims, bool save, bool poison_outputs) {
+  const Dims k(dims);
+  c10::cuda::CUDAGuard guard(Wx_.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Tensor Wx = Wx_.contiguous(), bias = opt(b_), params = opt(params_);
+  const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
+  const auto f32 = Wx.options().dtype(at::kFloat);
+
+  // Internal states are [S, NH, B, D] float32: head-major, so R·h is one bmm per step.
+  at::Tensor hist = at::empty({save ? T + 1 : 2, k.S, NH, B, D}, f32);
+  if (poison_outputs) poison(hist);
+  hist[0].copy_(states.permute({0, 2, 1, 3}));
+  at::Tensor RT, rh;
+  if (k.Gr) {
+    RT = R_->permute({1, 3, 0, 2}).reshape({NH, D, k.Gr * D}).to(at::kFloat).contiguous();
+    rh = at::empty({save ? T : 1, NH, B, k.Gr * D}, f32);
+    if (poison_outputs) poison(rh);
+  }
+  at::Tensor y = at::empty({k.O, B, T, NH, D}, Wx.options());
+  if (poison_outputs) poison(y);
+
+  rnncc_step_args a{};
+  a.B = B; a.T = T; a.NH = NH; a.D = D;
+  a.dtype = dtype_code(Wx.scalar_type());
+  a.Wx = cptr(Wx); a.bias = cptr(bias); a.params = cptr(params); a.y = mptr(y);
+  for (int64_t t = 0; t < T; ++t) {
+    at::Tensor s_old = hist[save ? t : t % 2], s_new = hist[save ? t + 1 : (t + 1) % 2];
+    if (k.Gr) {
+      at::Tensor out = rh[save ? t : 0];
+      at::bmm_out(out, s_old[k.rec], RT);
+      a.Rh = cfptr(out);
+    }
+    a.t = static_cast<int>(t);
+    a.s_old = cfptr(s_old);
+    a.s_new = fptr(s_new);
+    launch(fn, a, stream, "forward");
+  }
+  at::Tensor last = hist[save ? T : T % 2].permute({0, 2, 1, 3}).to(Wx.scalar_type()).contiguous();
+  if (!save) {
+    hist = at::empty({0}, f32);
+    rh = at::empty({0}, f32);
+  } else if (!k.Gr) {
+    rh = at::empty({0}, f32);
+  }
+  return {y, last, hist, rh};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_backward(
+    const at::Tensor& dy_, const at::Tensor& dlast, const at::Tensor& Wx_,
+    const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
+    const c10::optional<at::Tensor>& params_, const at::Tensor& hist, const at::Tensor& rh,
+    int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
+  const Dims k(dims);
+  c10::cuda::CUDAGuard guard(Wx_.device());
+  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const at::Tensor Wx = Wx_.contiguous(), dy = dy_.contiguous(), bias = opt(b_), params = opt(params_);
+  const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
+  const auto f32 = Wx.options().dtype(at::kFloat);
+
+  at::Tensor ds = at::empty({2, k.S, NH, B, D}, f32);
+  if (poison_outputs) poison(ds);
+  ds[0].copy_(dlast.permute({0, 2, 1, 3}));
+  at::Tensor dWx = at::empty_like(Wx);
+  if (poison_outputs) poison(dWx);
+  at::Tensor dGr = k.Gr ? at::empty({T, NH, B, k.Gr * D}, f32) : at::Tensor();
+  at::Tensor dGb = k.Gb ? at::empty({T, NH, B, k.Gb * D}, f32) : at::Tensor();
+  at::Tensor dP = k.P ? at::empty({T, NH, B, k.P * D}, f32) : at::Tensor();
+  if (poison_outputs) { poison(dGr); poison(dGb); poison(dP); }
+  at::Tensor Rn;
+  if (k.Gr) Rn = R_->permute({1, 0, 2, 3}).reshape({NH, k.Gr * D, D}).to(at::kFloat).contiguous();
+
+  rnncc_step_args a{};
+  a.B = B; a.T = T; a.NH = NH; a.D = D;
+  a.dtype = dtype_code(Wx.scalar_type());
+  a.Wx = cptr(Wx); a.bias = cptr(bias); a.params = cptr(params);
+  a.dy = cptr(dy); a.dWx = mptr(dWx);
+  int cur = 0;
+  for (int64_t t = T - 1; t >= 0; --t) {
+    a.t = static_cast<int>(t);
+    a.s_old = cfptr(hist[t]);
+    a.Rh = k.Gr ? cfptr(rh[t]) : nullptr;
+    a.ds_new = cfptr(ds[cur]);
+    a.ds_old = fptr(ds[1 - cur]);
+    a.dGr = k.Gr ? fptr(dGr[t]) : nullptr;
+    a.dGb = k.Gb ? fptr(dGb[t]) : nullptr;
+    a.dP = k.P ? fptr(dP[t]) : nullptr;
+    launch(fn, a, stream, "backward");
+    if (k.Gr) ds[1 - cur][k.rec].baddbmm_(dGr[t], Rn);  // the path through R: += Rᵀ·dg
+    cur = 1 - cur;
+  }
+  const auto dtype = Wx.scalar_type();
+  at::Tensor dstates = ds[cur].permute({0, 2, 1, 3}).to(dtype).contiguous();
+  at::Tensor dR = at::empty({0}, Wx.options()), db = dR, dparams = dR;
+  if (k.Gr) {
+    at::Tensor h_prev = hist.narrow(0, 0, T).select(1, k.rec);  // [T, NH, B, D]
+    dR = at::einsum("tnbk,tnbe->nke", {dGr, h_prev})
+             .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype).contiguous();
+  }
+  if (k.Gb) db = dGb.sum({0, 2}).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  if (k.P) dparams = dP.sum({0, 2}).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  return {dWx, dR, db, dstates, dparams};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(rnncc_host, m) {
+  m.def(
+      "stepwise_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, int fn, "
+      "int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "stepwise_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
+      "Tensor? params, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
+}
+
+TORCH_LIBRARY_IMPL(rnncc_host, CUDA, m) {
+  m.impl("stepwise_forward", &stepwise_forward);
+  m.impl("stepwise_backward", &stepwise_backward);
+}

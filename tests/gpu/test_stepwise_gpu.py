@@ -1,0 +1,156 @@
+"""The stepwise CUDA backend against the float64 reference (run with ``pytest -m gpu`` on a
+GPU machine): every example, outputs, last states and all five gradients, over a sample of
+the size matrix that covers every pair of factors; outputs and workspaces poisoned with NaN.
+Also: torch.compile(fullgraph=True) and CUDA-graph capture of forward + backward."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import rnncc
+from rnncc.config import override
+from rnncc.testing import TOLERANCES, pairwise, random_inputs, rel_err
+
+pytestmark = pytest.mark.gpu
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.rnn"))
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+INPUTS = ("Wx", "R", "b", "states", "params")
+
+CASES = pairwise(
+    {
+        "example": [p.stem for p in EXAMPLES],
+        "dtype": list(DTYPES),
+        "B": [1, 3, 16],
+        "D": [8, 24, 64, 200],
+        "NH": [1, 3],
+        "T": [1, 7, 300],
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def cells():
+    """Every example, with the stepwise libraries of all built up front (in parallel)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rnncc.runtime.stepwise import StepwiseOps, arch_of
+
+    loaded = {p.stem: rnncc.load(p) for p in EXAMPLES}
+    arch = arch_of(torch.cuda.current_device())
+    with override(poison=True), ThreadPoolExecutor(max_workers=16) as pool:
+        built = pool.map(lambda c: (c, StepwiseOps(c.ir, c.backward_ir, arch)), loaded.values())
+        for cell, ops in built:
+            cell._stepwise[arch] = ops
+    return loaded
+
+
+def _run(cell, x, backend, cot):
+    args = {k: None if v is None else v.clone().requires_grad_() for k, v in x.items()}
+    y, last = cell(*(args[k] for k in INPUTS), backend=backend)
+    loss = (y.double() * cot["y"]).sum() + (last.double() * cot["last"]).sum()
+    names = [k for k in INPUTS if args[k] is not None]
+    grads = torch.autograd.grad(loss, [args[k] for k in names])
+    return y, last, dict(zip(names, grads, strict=True))
+
+
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: "-".join(f"{k}{v}" if k != "example" else v for k, v in c.items())
+)
+def test_stepwise_matches_float64_reference(cells, case):
+    cell = cells[case["example"]]
+    dtype = DTYPES[case["dtype"]]
+    x64 = random_inputs(cell.ir, case["B"], case["T"], case["NH"], case["D"], seed=len(CASES))
+    x = {k: None if v is None else v.to("cuda", dtype) for k, v in x64.items()}
+    ref_in = {k: None if v is None else v.double() for k, v in x.items()}  # the rounded inputs
+    shapes = cell.shapes(case["B"], case["T"], case["NH"], case["D"])
+    g = torch.Generator(device="cuda").manual_seed(1)
+    cot = {
+        k: torch.randn(shapes[k], generator=g, device="cuda", dtype=torch.float64)
+        for k in ("y", "last")
+    }
+    y, last, grads = _run(cell, x, "stepwise", cot)
+    assert cell.last_backend == "stepwise"
+    y_ref, last_ref, grads_ref = _run(cell, ref_in, "reference", cot)
+    tol = TOLERANCES[dtype]
+    assert y.dtype == dtype and last.dtype == dtype
+    errors = {"y": rel_err(y, y_ref), "last": rel_err(last, last_ref)}
+    errors.update({f"d{k}": rel_err(grads[k], grads_ref[k]) for k in grads_ref})
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"relative errors above {tol}: {bad}"
+
+
+def test_no_grad_forward_matches(cells):
+    cell = cells["lstm"]
+    x = {k: None if v is None else v.cuda().float() for k, v in random_inputs(cell.ir, 4, 9, 2, 16).items()}
+    with torch.no_grad():
+        y, last = cell(*(x[k] for k in INPUTS), backend="stepwise")
+        y_ref, last_ref = cell(*(None if x[k] is None else x[k].double() for k in INPUTS), backend="reference")
+    assert rel_err(y, y_ref) <= 1e-5 and rel_err(last, last_ref) <= 1e-5
+
+
+def test_auto_picks_stepwise_on_cuda_and_warns_once(cells):
+    cell = rnncc.load(next(p for p in EXAMPLES if p.stem == "gru"))
+    x = {k: None if v is None else v.cuda().float() for k, v in random_inputs(cell.ir, 2, 3, 1, 8).items()}
+    with pytest.warns(rnncc.RnnccWarning, match="stepwise"):
+        cell(*(x[k] for k in INPUTS))
+    assert cell.last_backend == "stepwise"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cell(*(x[k] for k in INPUTS))
+
+
+def _model(cells):
+    torch.manual_seed(0)
+    return rnncc.RNN(cells["lstm"], 12, 32, num_heads=2, backend="stepwise").cuda()
+
+
+def test_torch_compile_fullgraph_matches_eager(cells):
+    model = _model(cells)
+    x = torch.randn(3, 11, 12, device="cuda")
+    out, last = model(x)
+    (out.sum() + last.sum()).backward()
+    eager = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad()
+    compiled = torch.compile(model, fullgraph=True)
+    out_c, last_c = compiled(x)
+    (out_c.sum() + last_c.sum()).backward()
+    assert rel_err(out_c, out) <= 1e-6 and rel_err(last_c, last) <= 1e-6
+    for p, g in zip(model.parameters(), eager, strict=True):
+        assert rel_err(p.grad, g) <= 1e-6
+
+
+def test_cuda_graph_capture_of_forward_and_backward(cells):
+    model = _model(cells)
+    x = torch.randn(3, 11, 12, device="cuda")
+    out, last = model(x)
+    (out.sum() + last.sum()).backward()
+    eager_out = out.detach().clone()
+    eager = [p.grad.clone() for p in model.parameters()]
+
+    static_x = x.clone()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        for _ in range(2):  # warm up outside the capture
+            model.zero_grad(set_to_none=True)
+            o, l = model(static_x)
+            (o.sum() + l.sum()).backward()
+    torch.cuda.current_stream().wait_stream(stream)
+    model.zero_grad(set_to_none=True)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out, static_last = model(static_x)
+        (static_out.sum() + static_last.sum()).backward()
+    static_x.copy_(x)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(static_out, eager_out) <= 1e-6
+    for p, g in zip(model.parameters(), eager, strict=True):
+        assert rel_err(p.grad, g) <= 1e-6

@@ -1,0 +1,347 @@
+"""``rnncc.load`` / ``rnncc.loads`` and ``CompiledCell``: selection, description, defaults,
+backends, warnings, edge lengths and dtypes (DESIGN.md §2)."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+import rnncc
+from rnncc.runtime.api import CompiledCell
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLES = REPO / "examples"
+
+# States with declared initial values, a param with one, and an unused gate (a warning).
+INIT_SRC = """cell inits(h, c = 1.0, m = -inf) {
+    gates a, unused = W x + R h + b
+    param p = -0.5
+    m = max(m, a)
+    c = c + p * a
+    h = tanh(c + m)
+}
+"""
+
+
+def lstm() -> CompiledCell:
+    return rnncc.load(EXAMPLES / "lstm.rnn")
+
+
+def random_inputs(cell: CompiledCell, B=2, T=3, NH=2, D=3, dtype=torch.float64, seed=0):
+    """Random ``Wx, R, b`` (None where the cell has no such term)."""
+    gen = torch.Generator().manual_seed(seed)
+    shapes = cell.shapes(B, T, NH, D)
+    return [
+        None if shapes[k] is None else torch.randn(shapes[k], generator=gen, dtype=dtype)
+        for k in ("Wx", "R", "b")
+    ]
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Path:
+    path = tmp_path / "two.rnn"
+    path.write_text((EXAMPLES / "elman.rnn").read_text() + (EXAMPLES / "indrnn.rnn").read_text())
+    return path
+
+
+# ---- load / loads ------------------------------------------------------------------------
+
+
+def test_load_single_cell_from_str_and_path() -> None:
+    for path in (EXAMPLES / "gru.rnn", str(EXAMPLES / "gru.rnn")):
+        cell = rnncc.load(path)
+        assert isinstance(cell, rnncc.CompiledCell)
+        assert cell.name == "gru"
+        assert cell.ir.source is not None and cell.ir.source.path == str(path)
+
+
+def test_loads_equals_load() -> None:
+    text = (EXAMPLES / "slstm.rnn").read_text()
+    assert rnncc.loads(text).ir == rnncc.load(EXAMPLES / "slstm.rnn").ir
+    assert rnncc.loads(text).ir.source.path == "<string>"
+
+
+def test_load_selects_a_cell(two: Path) -> None:
+    assert rnncc.load(two, cell="indrnn").name == "indrnn"
+    assert rnncc.load(two, cell="elman").name == "elman"
+    assert rnncc.loads(two.read_text(), cell="indrnn").ir == rnncc.load(two, "indrnn").ir
+
+
+def test_load_several_cells_without_cell(two: Path) -> None:
+    with pytest.raises(ValueError) as err:
+        rnncc.load(two)
+    assert str(err.value) == (
+        f"{two} defines several cells (elman, indrnn); choose one with cell='name'"
+    )
+    with pytest.raises(ValueError) as err:
+        rnncc.loads(two.read_text())
+    assert str(err.value) == (
+        "<string> defines several cells (elman, indrnn); choose one with cell='name'"
+    )
+
+
+def test_load_unknown_cell(two: Path) -> None:
+    with pytest.raises(ValueError) as err:
+        rnncc.load(two, cell="lstm")
+    assert str(err.value) == f"{two} has no cell named 'lstm'; it defines: elman, indrnn"
+    with pytest.raises(ValueError) as err:
+        rnncc.loads((EXAMPLES / "gru.rnn").read_text(), cell="lstm")
+    assert str(err.value) == "<string> has no cell named 'lstm'; it defines: gru"
+
+
+def test_loads_bad_source_raises_dsl_error() -> None:
+    with pytest.raises(rnncc.DslError) as err:
+        rnncc.loads("cell bad(h) {\n    gates a = W x\n    h = q + a * r\n}\n", path="bad.rnn")
+    assert [d.message for d in err.value.diagnostics] == [
+        "unknown name 'q'",
+        "unknown name 'r'",
+    ]
+    assert str(err.value).startswith("bad.rnn:3:9: error: unknown name 'q'\n")
+
+
+def test_loads_emits_cell_warnings() -> None:
+    with pytest.warns(rnncc.RnnccWarning) as record:
+        cell = rnncc.loads(INIT_SRC, path="inits.rnn")
+    assert [str(w.message) for w in record] == [
+        "inits.rnn:2:14: warning: gate 'unused' is never used\n"
+        "        gates a, unused = W x + R h + b\n"
+        "                 ^~~~~~"
+    ]
+    assert record[0].filename == __file__  # attributed to the caller of loads
+    assert [d.message for d in cell.warnings] == ["gate 'unused' is never used"]
+    assert issubclass(rnncc.RnnccWarning, UserWarning)
+
+
+def test_clean_cell_emits_no_warning() -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cell = lstm()
+    assert cell.warnings == ()
+
+
+# ---- description -------------------------------------------------------------------------
+
+
+def test_lstm_attributes() -> None:
+    cell = lstm()
+    assert cell.state_names == ("h", "c")
+    assert cell.gx_names == cell.gr_names == cell.gb_names == ("i", "f", "z", "o")
+    assert cell.param_names == ()
+    assert cell.outputs == ("h",)
+    assert repr(cell) == (
+        "CompiledCell(lstm: states=['h', 'c'], Wx gates=['i', 'f', 'z', 'o'], "
+        "R gates=['i', 'f', 'z', 'o'], b gates=['i', 'f', 'z', 'o'], outputs=['h'])"
+    )
+
+
+def test_gru_gate_order_follows_statements() -> None:
+    cell = rnncc.load(EXAMPLES / "gru.rnn")
+    assert cell.gx_names == ("xr", "xz", "xn")  # `input xr, xz, xn = W x`
+    assert cell.gr_names == ("hr", "hz", "hn")  # `recurrent hr, hz, hn = R h + b`
+    assert cell.gb_names == ("hr", "hz", "hn")
+    assert cell.state_names == ("h",) and cell.outputs == ("h",)
+
+
+def test_gate_order_of_b_in_an_input_statement() -> None:
+    cell = rnncc.load(EXAMPLES / "mgu.rnn")  # `input xf, xn = W x + b`, `recurrent hf, hn = R h`
+    assert (cell.gx_names, cell.gr_names, cell.gb_names) == (
+        ("xf", "xn"),
+        ("hf", "hn"),
+        ("xf", "xn"),
+    )
+    sru = rnncc.load(EXAMPLES / "sru.rnn")  # input z; gates f, r (+ b); input xs
+    assert (sru.gx_names, sru.gr_names, sru.gb_names) == (("z", "f", "r", "xs"), (), ("f", "r"))
+    assert sru.param_names == ("v_f", "v_r") and sru.outputs == ("h",)
+
+
+def test_shapes() -> None:
+    assert lstm().shapes(2, 5, 3, 4) == {
+        "Wx": (2, 5, 4, 3, 4),
+        "R": (4, 3, 4, 4),
+        "b": (4, 3, 4),
+        "states": (2, 2, 3, 4),
+        "params": None,
+        "y": (1, 2, 5, 3, 4),
+        "last": (2, 2, 3, 4),
+    }
+    assert rnncc.load(EXAMPLES / "peephole_lstm.rnn").shapes(2, 5, 3, 4)["y"] == (2, 2, 5, 3, 4)
+    assert rnncc.load(EXAMPLES / "indrnn.rnn").shapes(2, 5, 3, 4) == {
+        "Wx": (2, 5, 1, 3, 4),
+        "R": None,
+        "b": (1, 3, 4),
+        "states": (1, 2, 3, 4),
+        "params": (1, 3, 4),
+        "y": (1, 2, 5, 3, 4),
+        "last": (1, 2, 3, 4),
+    }
+    lru = rnncc.load(EXAMPLES / "lru.rnn").shapes(1, 1, 1, 1)
+    assert lru["R"] is None and lru["b"] is None
+
+
+def test_source_and_backward_source() -> None:
+    cell = lstm()
+    assert rnncc.loads(cell.source()).ir == cell.ir
+    assert "backward lstm {\n" in cell.backward_source()
+
+
+# ---- defaults ----------------------------------------------------------------------------
+
+
+def test_initial_states_use_declared_values() -> None:
+    with pytest.warns(rnncc.RnnccWarning):
+        cell = rnncc.loads(INIT_SRC)
+    s = cell.initial_states(2, 3, 4)
+    assert s.shape == (3, 2, 3, 4) and s.dtype == torch.float32
+    assert torch.equal(s[0], torch.zeros(2, 3, 4))
+    assert torch.equal(s[1], torch.ones(2, 3, 4))
+    assert torch.equal(s[2], torch.full((2, 3, 4), -torch.inf))
+    assert cell.initial_states(1, 1, 1, dtype=torch.bfloat16).dtype == torch.bfloat16
+    assert torch.equal(cell.initial_params(3, 4), torch.full((1, 3, 4), -0.5))
+    slstm = rnncc.load(EXAMPLES / "slstm.rnn")
+    assert torch.equal(slstm.initial_states(2, 1, 3), torch.zeros(4, 2, 1, 3))
+    assert lstm().initial_params(1, 1) is None
+    indrnn = rnncc.load(EXAMPLES / "indrnn.rnn")
+    assert torch.equal(
+        indrnn.initial_params(2, 3, dtype=torch.float64),
+        torch.full((1, 2, 3), 0.5, dtype=torch.float64),
+    )
+
+
+def test_default_states_and_params_are_the_declared_values() -> None:
+    with pytest.warns(rnncc.RnnccWarning):
+        cell = rnncc.loads(INIT_SRC)
+    Wx, R, b = random_inputs(cell)
+    y, last = cell(Wx, R, b)
+    states = cell.initial_states(2, 2, 3, dtype=torch.float64)
+    params = cell.initial_params(2, 3, dtype=torch.float64)
+    y2, last2 = cell(Wx, R, b, states=states, params=params)
+    assert torch.equal(y, y2) and torch.equal(last, last2)
+    # and the declared values matter: zeros give another result
+    y3, _ = cell(Wx, R, b, states=torch.zeros_like(states), params=torch.zeros_like(params))
+    assert not torch.allclose(y, y3)
+    assert torch.isfinite(y).all()
+
+
+def test_default_params_of_an_example() -> None:
+    cell = rnncc.load(EXAMPLES / "indrnn.rnn")  # param u = 0.5
+    Wx, R, b = random_inputs(cell)
+    assert R is None
+    y, _ = cell(Wx, None, b)
+    y2, _ = cell(Wx, None, b, params=torch.full((1, 2, 3), 0.5, dtype=torch.float64))
+    assert torch.equal(y, y2)
+
+
+# ---- backends ----------------------------------------------------------------------------
+
+
+def test_auto_runs_the_reference_on_cpu() -> None:
+    cell = lstm()
+    assert cell.last_backend is None
+    Wx, R, b = random_inputs(cell)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no slow-fallback warning on CPU
+        y, last = cell(Wx, R, b)
+    assert cell.last_backend == "reference"
+    y2, last2 = cell(Wx, R, b, backend="reference")
+    assert cell.last_backend == "reference"
+    assert torch.equal(y, y2) and torch.equal(last, last2)
+
+
+def test_fused_backend_not_available_yet() -> None:
+    cell = lstm()
+    with pytest.raises(rnncc.TilingError) as err:
+        cell(*random_inputs(cell), backend="fused")
+    assert isinstance(err.value, rnncc.RnnccError)
+    assert str(err.value) == (
+        "cell 'lstm': the fused persistent kernel is not available in this version of rnncc; "
+        "use backend='stepwise' (or 'auto')"
+    )
+    assert cell.last_backend is None
+
+
+def test_stepwise_backend_needs_cuda_tensors() -> None:
+    cell = lstm()
+    with pytest.raises(ValueError) as err:
+        cell(*random_inputs(cell), backend="stepwise")
+    assert str(err.value) == (
+        "backend='stepwise' runs on CUDA tensors; Wx is on cpu (use backend='reference' on the CPU)"
+    )
+    assert cell.last_backend is None
+
+
+def test_invalid_backend() -> None:
+    cell = lstm()
+    with pytest.raises(ValueError) as err:
+        cell(*random_inputs(cell), backend="cuda")
+    assert str(err.value) == "backend must be one of auto, reference, stepwise, fused; got 'cuda'"
+
+
+# ---- lengths and dtypes ------------------------------------------------------------------
+
+
+def test_t0_returns_the_initial_states() -> None:
+    cell = lstm()
+    Wx, R, b = random_inputs(cell, T=0)
+    y, last = cell(Wx, R, b)
+    assert y.shape == (1, 2, 0, 2, 3) and y.dtype == torch.float64
+    assert torch.equal(last, torch.zeros(2, 2, 2, 3, dtype=torch.float64))
+
+    states = torch.randn(2, 2, 2, 3, dtype=torch.float64, requires_grad=True)
+    Wx.requires_grad_()
+    y, last = cell(Wx, R, b, states=states)
+    assert torch.equal(last, states)
+    last.sum().backward()
+    assert torch.equal(states.grad, torch.ones_like(states))
+    assert Wx.grad.shape == Wx.shape
+
+
+def test_t1_is_one_lstm_step() -> None:
+    cell = lstm()
+    Wx, R, b = random_inputs(cell, B=3, T=1, NH=2, D=4)
+    states = torch.randn(2, 3, 2, 4, dtype=torch.float64)
+    y, last = cell(Wx, R, b, states=states)
+    h0, c0 = states
+    g = Wx[:, 0] + torch.einsum("gnde,bne->gbnd", R, h0).movedim(0, 1) + b
+    i, f, z, o = g.unbind(1)
+    c = torch.sigmoid(f) * c0 + torch.sigmoid(i) * torch.tanh(z)
+    h = torch.sigmoid(o) * torch.tanh(c)
+    torch.testing.assert_close(last, torch.stack([h, c]))
+    torch.testing.assert_close(y, h[None, :, None])
+
+
+@pytest.mark.parametrize(
+    ("dtype", "tol"),
+    [(torch.float32, 1e-5), (torch.bfloat16, 3e-2), (torch.float16, 5e-3), (torch.float64, 0.0)],
+)
+def test_dtypes(dtype: torch.dtype, tol: float) -> None:
+    cell = rnncc.load(EXAMPLES / "peephole_lstm.rnn")
+    inputs = [t.to(dtype) for t in random_inputs(cell, T=4)]
+    params = torch.full((3, 2, 3), 0.25, dtype=dtype)
+    y, last = cell(*inputs, params=params)
+    assert (y.dtype, last.dtype) == (dtype, dtype)
+    assert y.shape == (2, 2, 4, 2, 3) and last.shape == (2, 2, 2, 3)
+    # against float64 on the same (rounded) inputs
+    y64, last64 = cell(*[t.double() for t in inputs], params=params.double())
+    for got, want in ((y, y64), (last, last64)):
+        err = (got.double() - want).norm() / want.norm()
+        assert err <= tol, (dtype, err)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_gradients_keep_the_dtype(dtype: torch.dtype) -> None:
+    cell = lstm()
+    Wx, R, b = (t.to(dtype).requires_grad_() for t in random_inputs(cell))
+    y, last = cell(Wx, R, b)
+    (y.float().sum() + last.float().sum()).backward()
+    assert (Wx.grad.dtype, R.grad.dtype, b.grad.dtype) == (dtype, dtype, dtype)
+
+
+def test_load_warnings_are_attributed_to_the_caller(tmp_path: Path) -> None:
+    path = tmp_path / "inits.rnn"
+    path.write_text(INIT_SRC)
+    with pytest.warns(rnncc.RnnccWarning) as record:
+        rnncc.load(path)
+    assert record[0].filename == __file__

@@ -1,0 +1,376 @@
+"""The ``rnncc`` command: check, show, compile, their errors and help (``plan`` is tested
+with the tiling package).
+
+Most tests call ``rnncc.cli.main`` in-process and read stdout/stderr with ``capsys``; a few run
+``python -m rnncc`` as a subprocess to prove that a user error prints no traceback, and one
+imports a compiled package in a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import rnncc
+from rnncc.cli import main
+from rnncc.frontend import compile_source
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLES = sorted((REPO / "examples").glob("*.rnn"))
+SUBCOMMANDS = ("check", "show", "compile")
+
+# Two errors on one line (both reported), positions as the user counts them.
+BAD = """cell bad(h) {
+    gates a = W x + R h + b
+    h = tanh(a + q) * p
+}
+"""
+BAD_DIAGNOSTICS = """{path}:3:18: error: unknown name 'q'
+        h = tanh(a + q) * p
+                     ^
+{path}:3:23: error: unknown name 'p'
+        h = tanh(a + q) * p
+                          ^
+"""
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str, str]:
+    """``main(argv)``; returns (exit status, stdout, stderr)."""
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as exit_:  # argparse: --help, --version, usage errors
+        rc = exit_.code if isinstance(exit_.code, int) else 1
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def run_subprocess(*argv: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, *map(str, argv)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def bad(tmp_path: Path) -> Path:
+    path = tmp_path / "bad.rnn"
+    path.write_text(BAD)
+    return path
+
+
+@pytest.fixture
+def two(tmp_path: Path) -> Path:
+    """A file with two cells, elman and indrnn."""
+    path = tmp_path / "two.rnn"
+    path.write_text(
+        (REPO / "examples/elman.rnn").read_text() + (REPO / "examples/indrnn.rnn").read_text()
+    )
+    return path
+
+
+# ---- check -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_check_every_example(capsys, path: Path) -> None:
+    rc, out, err = run(capsys, "check", path)
+    assert (rc, err) == (0, "")
+    assert out == f"{path}: ok (1 cell: {path.stem})\n"
+
+
+def test_check_all_examples_at_once_and_quiet(capsys) -> None:
+    rc, out, err = run(capsys, "check", *EXAMPLES)
+    assert (rc, err) == (0, "")
+    assert out.splitlines() == [f"{p}: ok (1 cell: {p.stem})" for p in EXAMPLES]
+    assert run(capsys, "check", "-q", *EXAMPLES) == (0, "", "")
+
+
+def test_check_bad_file(capsys, bad: Path) -> None:
+    rc, out, err = run(capsys, "check", bad)
+    assert (rc, out) == (1, "")
+    assert err == BAD_DIAGNOSTICS.format(path=bad)
+
+
+def test_check_several_files_one_bad(capsys, bad: Path, two: Path) -> None:
+    lstm = REPO / "examples/lstm.rnn"
+    rc, out, err = run(capsys, "check", lstm, bad, two)
+    assert rc == 1
+    assert out == f"{lstm}: ok (1 cell: lstm)\n{two}: ok (2 cells: elman, indrnn)\n"
+    assert err == BAD_DIAGNOSTICS.format(path=bad)
+
+
+def test_check_prints_warnings_and_succeeds(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "warn.rnn"
+    path.write_text("cell w(h) {\n    gates a, unused = W x + R h + b\n    h = tanh(a)\n}\n")
+    rc, out, err = run(capsys, "check", path)
+    assert rc == 0
+    assert out == f"{path}: ok (1 cell: w)\n"
+    assert err == (
+        f"{path}:2:14: warning: gate 'unused' is never used\n"
+        "        gates a, unused = W x + R h + b\n"
+        "                 ^~~~~~\n"
+    )
+
+
+def test_check_syntax_error(capsys, tmp_path: Path) -> None:
+    path = tmp_path / "syntax.rnn"
+    path.write_text("cell oops(h) {\n    gates a = W x +\n}\n")
+    rc, out, err = run(capsys, "check", path)
+    assert (rc, out) == (1, "")
+    assert err.startswith(f"{path}:2:20: error: ")
+    assert err.splitlines()[1:] == ["        gates a = W x +", "                       ^"]
+
+
+def test_check_bad_file_subprocess_prints_no_traceback(bad: Path, tmp_path: Path) -> None:
+    proc = run_subprocess("-m", "rnncc", "check", bad, REPO / "examples/gru.rnn", cwd=tmp_path)
+    assert proc.returncode == 1
+    assert proc.stdout == f"{REPO / 'examples/gru.rnn'}: ok (1 cell: gru)\n"
+    assert proc.stderr == BAD_DIAGNOSTICS.format(path=bad)
+    assert "Traceback" not in proc.stderr
+
+
+def test_missing_file(capsys, tmp_path: Path) -> None:
+    missing = tmp_path / "missing.rnn"
+    rc, out, err = run(capsys, "check", missing)
+    assert (rc, out) == (1, "")
+    assert err == f"rnncc: error: {missing}: cannot read: No such file or directory\n"
+    for command in (["show", missing], ["compile", missing, "-o", tmp_path / "pkg"]):
+        assert run(capsys, *command) == (1, "", err)
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_check_goes_on_after_an_unreadable_file(capsys, tmp_path: Path) -> None:
+    missing, binary = tmp_path / "missing.rnn", tmp_path / "binary.rnn"
+    binary.write_bytes(b"\xff\xfe\x00cell")
+    gru = REPO / "examples/gru.rnn"
+    rc, out, err = run(capsys, "check", missing, binary, gru)
+    assert rc == 1
+    assert out == f"{gru}: ok (1 cell: gru)\n"
+    assert err == (
+        f"rnncc: error: {missing}: cannot read: No such file or directory\n"
+        f"rnncc: error: {binary}: cannot read: not UTF-8 text (invalid start byte at byte 0)\n"
+    )
+
+
+# ---- show --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_show_compiles_back_to_an_equal_cell(capsys, path: Path) -> None:
+    rc, out, err = run(capsys, "show", path)
+    assert (rc, err) == (0, "")
+    assert out.startswith(f"cell {path.stem}(")
+    (original,), _ = compile_source(path.read_text(), str(path))
+    (shown,), warnings = compile_source(out, "<shown>")
+    assert shown == original
+    assert warnings == []
+
+
+def test_show_backward(capsys) -> None:
+    rc, out, err = run(capsys, "show", REPO / "examples/gru.rnn", "--backward")
+    assert (rc, err) == (0, "")
+    assert "backward gru {\n" in out
+    assert out == rnncc.load(REPO / "examples/gru.rnn").backward_source()
+    # one cotangent per old state, gate and param
+    for name in ("dh", "dxr", "dxz", "dxn", "dhr", "dhz", "dhn"):
+        assert f"\n    {name} = " in out
+
+
+def test_show_backward_with_params(capsys) -> None:
+    rc, out, _ = run(capsys, "show", "--backward", REPO / "examples/peephole_lstm.rnn")
+    assert rc == 0
+    assert "backward peephole_lstm {\n" in out
+    for name in ("dh", "dc", "di", "df", "dz", "do", "dp_i", "dp_f", "dp_o"):
+        assert f"\n    {name} = " in out
+
+
+def test_show_several_cells_and_cell_selection(capsys, two: Path) -> None:
+    rc, out, err = run(capsys, "show", two)
+    assert (rc, err) == (0, "")
+    cells, _ = compile_source(out)
+    assert [c.name for c in cells] == ["elman", "indrnn"]
+
+    rc, out, err = run(capsys, "show", two, "--cell", "indrnn")
+    assert (rc, err) == (0, "")
+    (shown,), _ = compile_source(out)
+    assert shown == rnncc.load(two, cell="indrnn").ir
+
+    rc, out, err = run(capsys, "show", two, "--cell", "indrnn", "--backward")
+    assert rc == 0
+    assert "backward indrnn {" in out and "elman" not in out
+
+
+def test_show_unknown_cell_lists_the_cells(capsys, two: Path) -> None:
+    rc, out, err = run(capsys, "show", two, "--cell", "nope")
+    assert (rc, out) == (1, "")
+    assert err == f"rnncc: error: {two} has no cell named 'nope'; it defines: elman, indrnn\n"
+
+
+def test_show_bad_file(capsys, bad: Path) -> None:
+    assert run(capsys, "show", bad) == (1, "", BAD_DIAGNOSTICS.format(path=bad))
+
+
+# ---- compile -----------------------------------------------------------------------------
+
+
+def test_compile_bad_file_writes_nothing(capsys, bad: Path, tmp_path: Path) -> None:
+    out_dir = tmp_path / "out"
+    before = sorted(tmp_path.iterdir())
+    assert run(capsys, "compile", bad, "-o", out_dir) == (1, "", BAD_DIAGNOSTICS.format(path=bad))
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> None:
+    rc, out, err = run(capsys, "compile", two, "-o", tmp_path / "pkg")
+    assert (rc, out) == (1, "")
+    assert err == (
+        f"rnncc: error: {two} defines several cells (elman, indrnn); choose one with --cell NAME\n"
+    )
+    rc, out, err = run(capsys, "compile", two, "-o", tmp_path / "pkg", "--cell", "nope")
+    assert (rc, out) == (1, "")
+    assert err == f"rnncc: error: {two} has no cell named 'nope'; it defines: elman, indrnn\n"
+    assert not (tmp_path / "pkg").exists()
+
+    rc, out, err = run(capsys, "compile", two, "-o", tmp_path / "pkg", "--cell", "indrnn")
+    assert (rc, err) == (0, "")
+    assert out == (
+        f"wrote {tmp_path / 'pkg'} (cell 'indrnn'); import it with the parent folder on sys.path\n"
+    )
+    assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [
+        "__init__.py",
+        "cell.json",
+        "cell.rnn",
+    ]
+
+
+def test_compile_refuses_unusable_output(capsys, tmp_path: Path) -> None:
+    lstm = REPO / "examples/lstm.rnn"
+    rc, out, err = run(capsys, "compile", lstm, "-o", tmp_path / "my-pkg")
+    assert (rc, out) == (1, "")
+    assert err == (
+        f"rnncc: error: {tmp_path / 'my-pkg'}: a package folder needs a Python identifier as "
+        "its name (its import name), not 'my-pkg'\n"
+    )
+    # A folder of the user's own files is never replaced.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    rc, out, err = run(capsys, "compile", lstm, "-o", mine)
+    assert (rc, out) == (1, "")
+    assert err == (
+        f"rnncc: error: {mine} exists and is not an rnncc package: not replacing it; "
+        "remove it or choose another output folder\n"
+    )
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    # An output below a file cannot be written: an error, not a traceback.
+    (tmp_path / "afile").write_text("")
+    rc, out, err = run(capsys, "compile", lstm, "-o", tmp_path / "afile" / "pkg")
+    assert (rc, out) == (1, "")
+    assert err.startswith(f"rnncc: error: {tmp_path / 'afile' / 'pkg'}: cannot write: ")
+
+
+_IMPORT_AND_RUN = """
+import sys
+import torch
+import rnncc.runtime.api as api
+
+def refuse(*args, **kwargs):
+    raise AssertionError("importing a compiled package ran the front end or autodiff")
+
+api.compile_source = api.derive_backward = refuse
+sys.path.insert(0, sys.argv[1])
+import {package} as pkg
+
+inputs = torch.load(sys.argv[2])
+grads = {{k: v.requires_grad_() for k, v in inputs.items() if k != "cotangents"}}
+y, last = pkg.cell(**grads)
+dy, dlast = inputs["cotangents"]
+((y * dy).sum() + (last * dlast).sum()).backward()
+torch.save({{"y": y, "last": last, **{{k: v.grad for k, v in grads.items()}}}}, sys.argv[3])
+print(pkg.cell.name, pkg.cell.last_backend)
+"""
+
+
+def test_compile_package_imports_in_a_fresh_interpreter(capsys, tmp_path: Path) -> None:
+    src = REPO / "examples/peephole_lstm.rnn"  # R, b, params and two outputs
+    rc, _, err = run(capsys, "compile", src, "-o", tmp_path / "pkgs" / "peephole")
+    assert (rc, err) == (0, "")
+
+    cell = rnncc.load(src)
+    B, T, NH, D = 2, 5, 2, 3
+    shapes = cell.shapes(B, T, NH, D)
+    gen = torch.Generator().manual_seed(0)
+    inputs = {
+        name: torch.randn(shapes[name], generator=gen, dtype=torch.float64)
+        for name in ("Wx", "R", "b", "states", "params")
+    }
+    cotangents = (
+        torch.randn(shapes["y"], generator=gen, dtype=torch.float64),
+        torch.randn(shapes["last"], generator=gen, dtype=torch.float64),
+    )
+    torch.save({**inputs, "cotangents": cotangents}, tmp_path / "in.pt")
+
+    script = tmp_path / "run_package.py"
+    script.write_text(_IMPORT_AND_RUN.format(package="peephole"))
+    proc = run_subprocess(
+        script, tmp_path / "pkgs", tmp_path / "in.pt", tmp_path / "out.pt", cwd=tmp_path
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "peephole_lstm reference\n"
+
+    got = torch.load(tmp_path / "out.pt")
+    leaves = {k: v.clone().requires_grad_() for k, v in inputs.items()}
+    y, last = cell(**leaves)
+    ((y * cotangents[0]).sum() + (last * cotangents[1]).sum()).backward()
+    assert torch.equal(got["y"], y) and torch.equal(got["last"], last)
+    for name, leaf in leaves.items():
+        assert torch.equal(got[name], leaf.grad), name
+
+
+# ---- help and version --------------------------------------------------------------------
+
+
+def test_help(capsys) -> None:
+    rc, out, err = run(capsys, "--help")
+    assert (rc, err) == (0, "")
+    assert out.startswith("usage: rnncc ")
+    for command in SUBCOMMANDS:
+        assert command in out
+
+
+@pytest.mark.parametrize("command", SUBCOMMANDS)
+def test_subcommand_help(capsys, command: str) -> None:
+    rc, out, err = run(capsys, command, "--help")
+    assert (rc, err) == (0, "")
+    assert out.startswith(f"usage: rnncc {command} ")
+
+
+def test_version(capsys) -> None:
+    assert run(capsys, "--version") == (0, f"rnncc {rnncc.__version__}\n", "")
+
+
+def test_usage_errors_exit_2(capsys) -> None:
+    rc, out, err = run(capsys)
+    assert (rc, out) == (2, "")
+    assert err.endswith("rnncc: error: the following arguments are required: COMMAND\n")
+    rc, out, err = run(capsys, "check")
+    assert (rc, out) == (2, "")
+    assert err.endswith("rnncc check: error: the following arguments are required: FILE\n")
+    rc, _, err = run(capsys, "compile", REPO / "examples/lstm.rnn")
+    assert rc == 2
+    assert err.endswith("the following arguments are required: -o/--output\n")
+
+
+def test_python_m_rnncc_help_and_version(tmp_path: Path) -> None:
+    proc = run_subprocess("-m", "rnncc", "--version", cwd=tmp_path)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, f"rnncc {rnncc.__version__}\n", "")
