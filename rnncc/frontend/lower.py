@@ -10,7 +10,8 @@ temporaries, cells); projection statements after an assignment; projection terms
 different states); unknown names and functions (with a "did you mean"); wrong arity;
 comparisons outside the first argument of ``where``; a non-constant ``**`` exponent; a state
 never assigned or assigned twice; assignments to gates, params or consts; ``const`` without a
-value; bad ``output`` lists. Warnings: gates, params and temporaries never used.
+value; bad ``output`` lists; expressions nested too deeply for Python's stack. Warnings:
+gates, params and temporaries never used.
 
 Semantics: statements run in order, so a state read before its assignment is the previous
 step's value (a ``state`` leaf) and after it the new value (the assigned expression).
@@ -40,7 +41,7 @@ RESERVED_NAMES = {
 
 @dataclass
 class _Decl:
-    kind: str  # state | gate | param | const | temp
+    kind: str  # state | gate | param | const | temporary (the word used in messages)
     span: Span
     used: bool = False
 
@@ -103,7 +104,11 @@ class _CellLowering:
                 self.states.append(State(item.name.name, init))
                 self.env[item.name.name] = Node("state", (), item.name.name)
         if not cell.states:
-            self.error(cell.name.span, f"cell '{cell.name.name}' has no states", "declare them: cell name(h, c)")
+            self.error(
+                cell.name.span,
+                f"cell '{cell.name.name}' has no states",
+                "declare them: cell name(h, c)",
+            )
 
         first_assign: Span | None = None
         for stmt in cell.body:
@@ -133,7 +138,7 @@ class _CellLowering:
                     "every state must be assigned exactly once per step",
                 )
         for name, decl in self.decls.items():
-            if not decl.used and decl.kind in ("gate", "param", "temp"):
+            if not decl.used and decl.kind in ("gate", "param", "temporary"):
                 self.warning(decl.span, f"{decl.kind} '{name}' is never used")
 
         if any(d.severity == "error" for d in self.diags):
@@ -147,7 +152,9 @@ class _CellLowering:
             if part is None:
                 continue
             if part in terms:
-                self.error(term.span, f"the term '{_term_text(term)}' appears twice in this projection")
+                self.error(
+                    term.span, f"the term '{_term_text(term)}' appears twice in this projection"
+                )
                 continue
             terms.append(part)
         gates = tuple(ident.name for ident in stmt.names if self.declare(ident, "gate"))
@@ -241,7 +248,7 @@ class _CellLowering:
             self.error(target.span, f"{RESERVED_NAMES[name]} and cannot be assigned")
             return
         if decl is None:
-            self.decls[name] = _Decl("temp", target.span)
+            self.decls[name] = _Decl("temporary", target.span)
             if not value.is_leaf and value.name is None:
                 value = value.replace(name=name)
             self.env[name] = value
@@ -255,7 +262,7 @@ class _CellLowering:
                 return
             self.assigned[name] = target.span
             self.env[name] = value
-        elif decl.kind == "temp":
+        elif decl.kind == "temporary":
             self.error(
                 target.span,
                 f"'{name}' is already bound; a temporary is bound once",
@@ -328,10 +335,13 @@ class _CellLowering:
         if row is None:
             decl = self.decls.get(fname)
             if decl is not None:
+                decl.used = True  # it is referred to; a "never used" warning would mislead
                 self.error(e.func.span, f"'{fname}' is a {decl.kind}, not a function")
             else:
                 self.error(
-                    e.func.span, f"unknown function '{fname}'", *_did_you_mean(fname, list(FUNCTIONS))
+                    e.func.span,
+                    f"unknown function '{fname}'",
+                    *_did_you_mean(fname, list(FUNCTIONS)),
                 )
             for a in e.args:
                 self.expr(a)
@@ -339,8 +349,8 @@ class _CellLowering:
         if len(e.args) != row.arity:
             plural = "argument" if row.arity == 1 else "arguments"
             self.error(e.span, f"{fname}() takes {row.arity} {plural}, got {len(e.args)}")
-            for a in e.args:
-                self.expr(a)
+            for i, a in enumerate(e.args):  # where's condition is no second error
+                self.expr(a, compare_ok=fname == "where" and i == 0)
             return bad
         if fname == "where":
             cond = e.args[0]
@@ -350,6 +360,8 @@ class _CellLowering:
                     "the first argument of where() must be a comparison",
                     "for example: where(n == 0, a, b)",
                 )
+                for a in e.args:  # still check them and mark their names used
+                    self.expr(a)
                 return bad
             args = (self.expr(cond, compare_ok=True), self.expr(e.args[1]), self.expr(e.args[2]))
         else:
@@ -404,12 +416,28 @@ def lower(module: ast.Module, source: Source) -> tuple[list[Cell], list[Diagnost
             )
         seen.setdefault(cell_def.name.name, cell_def.name.span)
         lowering = _CellLowering(cell_def, source)
-        cell = lowering.run()
+        try:
+            cell = lowering.run()
+        except RecursionError:  # the checks recurse over expressions; report, don't crash
+            cell = None
+            lowering.error(
+                cell_def.name.span,
+                f"an expression of cell '{cell_def.name.name}' is nested too deeply",
+                "split it with temporaries: t = a + b + c, then h = t + d",
+            )
         diags.extend(lowering.diags)
         if cell is not None:
             cells.append(cell)
     if not module.cells:
-        diags.append(Diagnostic("error", "no cell in this file", None, source, ("write: cell name(h) { ... }",)))
+        diags.append(
+            Diagnostic(
+                "error",
+                "no cell in this file",
+                Span(1, 1, 1, 2),  # file:1:1, so that every error names a line and column
+                source,
+                ("write: cell name(h) { ... }",),
+            )
+        )
     diags.sort(key=lambda d: (d.span.line, d.span.col) if d.span else (0, 0))
     if any(d.severity == "error" for d in diags):
         raise DslError(diags)

@@ -3,7 +3,8 @@
 Syntax errors become ``DslSyntaxError`` with one diagnostic per bad statement: after an
 error, the offending line is blanked and the text parsed again, so a file with several typos
 reports them all at once (up to a limit). Lines that open or close a cell are never blanked
-(that would only cascade), so an error there ends the search.
+(that would only cascade), so an error there ends the search, as does an unexpected end of
+file. Keywords are reserved everywhere, also where the contextual lexer expects only a name.
 
 The parser is built on first use and cached; importing this module does no work.
 """
@@ -14,7 +15,7 @@ import functools
 import re
 from collections.abc import Iterator
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 
 from rnncc.errors import Diagnostic, DslSyntaxError, Source, Span
@@ -29,10 +30,10 @@ _TERMINAL_TEXT = {
     "NUMBER": "a number",
     "INF": "'inf'",
     "SIGN": "a sign",
-    "_SEP": "a newline or ';'",
+    "_SEP": "a newline|';'",
     "$END": "the end of the file",
-    "ADD_OP": "'+' or '-'",
-    "MUL_OP": "'*' or '/'",
+    "ADD_OP": "'+'|'-'",  # '|' separates alternatives listed one by one
+    "MUL_OP": "'*'|'/'",
     "COMP_OP": "a comparison",
     "LPAR": "'('",
     "RPAR": "')'",
@@ -47,13 +48,20 @@ _TERMINAL_TEXT = {
 
 
 class _ParenNewlines:
-    """Postlexer: newlines inside parentheses are not statement ends (';' still is)."""
+    """Postlexer: newlines inside parentheses are not statement ends (';' still is).
+
+    It also gives keywords their own token type wherever they appear: the contextual lexer
+    would otherwise lex ``output`` as a NAME in a state that accepts only names, so that
+    ``cell f(output)`` slipped through instead of being reported as a reserved word.
+    """
 
     always_accept = ("_SEP",)
 
     def process(self, stream: Iterator[Token]) -> Iterator[Token]:
         depth = 0
         for tok in stream:
+            if tok.type == "NAME" and tok in KEYWORDS:
+                tok = Token.new_borrow_pos(str(tok).upper(), tok, tok)
             if tok.type == "LPAR":
                 depth += 1
             elif tok.type == "RPAR":
@@ -89,8 +97,9 @@ def _number(text: str) -> float:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer):  # type: ignore[type-arg]
-    """Lark tree → ``rnncc.frontend.ast`` nodes."""
+class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
+    """Lark tree → ``rnncc.frontend.ast`` nodes (iteratively: a long sum such as
+    ``h + h + ... + h`` is a deep left-nested tree that would overflow Python's stack)."""
 
     def start(self, meta, children):
         return ast.Module(tuple(c for c in children if c is not None))
@@ -169,18 +178,25 @@ class _ToAst(Transformer):  # type: ignore[type-arg]
         return ast.Call(_ident(func), tuple(a for a in args if a is not None), _span(meta))
 
 
+_CLOSERS = ("')'", "'}'")
+
+
 def _describe_expected(expected: set[str] | frozenset[str]) -> str:
-    words = sorted({_TERMINAL_TEXT.get(e, f"'{e.lower()}'") for e in expected})
-    if len(words) > 6:
-        words = words[:6] + ["..."]
-    return ", ".join(words)
+    texts = (_TERMINAL_TEXT.get(e, f"'{e.lower()}'") for e in expected)
+    # Closing brackets first: when the list is cut short, they are the likeliest fix.
+    words = sorted(
+        {w for text in texts for w in text.split("|")}, key=lambda w: (w not in _CLOSERS, w)
+    )
+    if len(words) > 8:
+        return ", ".join(words[:8]) + ", ..."
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " or " + words[-1]
 
 
 def _describe_token(tok: Token) -> str:
     if tok.type == "$END":
-        return "the end of the file"
+        return "end of file"
     if tok.type == "_SEP":
-        return "the end of the statement" if ";" not in tok else "';'"
+        return "end of line" if ";" not in tok else "';'"
     return f"'{tok}'"
 
 
@@ -188,14 +204,20 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(err, UnexpectedToken):
         tok = err.token
         if tok.type == "$END":
-            lines = source.text.splitlines() or [""]
+            # just after the last non-blank text, not on trailing blank lines
+            lines = source.text.rstrip().splitlines() or [""]
             span = Span(len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
         else:
             span = _span(tok)
             if tok.type == "_SEP":  # point at the end of the line, not at the next one
                 span = Span(tok.line, tok.column, tok.line, tok.column + 1)
         expected = set(err.expected) - {"_SEP"} if tok.type != "_SEP" else set(err.expected)
-        if str(tok) in KEYWORDS and "NAME" in err.expected:
+        # `output = h`: the keyword lexes as the statement keyword, the error comes at '='.
+        before = re.search(r"\b(\w+)\s*$", source.line(tok.line)[: tok.column - 1])
+        if tok == "=" and "NAME" in err.expected and before and before[1] in KEYWORDS:
+            span = Span(tok.line, before.start(1) + 1, tok.line, before.end(1) + 1)
+            msg = f"'{before[1]}' is a reserved word and cannot be used as a name"
+        elif str(tok) in KEYWORDS and "NAME" in err.expected:
             msg = f"'{tok}' is a reserved word and cannot be used as a name"
         else:
             msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(expected or set(err.expected))}"
@@ -203,7 +225,10 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(err, UnexpectedCharacters):
         char = source.text[err.pos_in_stream] if err.pos_in_stream < len(source.text) else "?"
         span = Span(err.line, err.column, err.line, err.column + 1)
-        return Diagnostic("error", f"unexpected character {char!r}", span, source)
+        msg = f"unexpected character {char!r}"
+        if err.allowed:
+            msg += f"; expected {_describe_expected(err.allowed)}"
+        return Diagnostic("error", msg, span, source)
     line, col = getattr(err, "line", 1), getattr(err, "column", 1)
     return Diagnostic("error", str(err).splitlines()[0], Span(line, col, line, col + 1), source)
 
@@ -213,7 +238,11 @@ def _blank_line(text: str, line: int) -> str | None:
     if not 0 < line <= len(lines):
         return None
     content = lines[line - 1]
-    if re.search(r"[{}]|\bcell\b", content) or not content.strip():
+    if (
+        re.search(r"[{}]", content)
+        or re.match(r"\s*cell\b(?!\s*=)", content)
+        or not content.strip()
+    ):
         return None
     lines[line - 1] = " " * len(content)
     return "\n".join(lines)
@@ -231,7 +260,9 @@ def parse(source: Source) -> ast.Module:
             diag = _syntax_diagnostic(err, source)
             diagnostics.append(diag)
             assert diag.span is not None
-            blanked = _blank_line(text, diag.span.line)
+            # Blanking a line cannot supply what a file that ends too early lacks.
+            at_end = isinstance(err, UnexpectedToken) and err.token.type == "$END"
+            blanked = None if at_end else _blank_line(text, diag.span.line)
             if blanked is None or len(diagnostics) >= MAX_SYNTAX_ERRORS:
                 raise DslSyntaxError(diagnostics) from None
             text = blanked

@@ -1,0 +1,1 @@
+"""Tests of ``rnncc.frontend``: diagnostics, accepted syntax, printer round trips."""
