@@ -1,0 +1,158 @@
+"""The tiling problem: sizes, storage dtype and the pointwise cost of a cell.
+
+Input: an IR cell (through ``cell.gr_names``, ``cell.states`` and ``rnncc.ir.op_counts``
+only) and the sizes (heads, head dim, batch, dtype). Output: a frozen ``Problem``.
+
+The pointwise cost is per element (one hidden unit of one batch column) per step: MUFU
+instructions (special functions at their own throughput), plain ALU instructions, and the
+registers the cell's temporaries need. ``OP_COST`` holds the instruction mix of every op.
+
+Invariants: sizes are positive, ``gates_r >= 0`` (0: no recurrent matrix product at all),
+``dtype`` is one of ``DTYPES``. Non-goals: liveness analysis of the cell (``cell_regs`` is an
+estimate from the op counts); the backward cell's own op mix (cost.py scales the forward's).
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}  # storage dtype → bytes
+
+# op → (MUFU instructions, ALU instructions) in one evaluation, as the fast-math CUDA of the
+# op table compiles: sigmoid = 1/(1 + ex2(-x·log2e)) is ex2 + rcp; tanh is MUFU.TANH (sm_75+);
+# logsigmoid and softplus (stable forms) are ex2 + lg2; div is rcp plus a Newton step.
+OP_COST: dict[str, tuple[int, int]] = {
+    "add": (0, 1),
+    "sub": (0, 1),
+    "mul": (0, 1),
+    "neg": (0, 1),
+    "div": (1, 3),
+    "pow": (2, 2),  # ex2(y·lg2(x)); small integer exponents are cheaper, this bounds them
+    "sigmoid": (2, 2),
+    "tanh": (1, 0),
+    "exp": (1, 1),
+    "log": (1, 1),
+    "logsigmoid": (2, 4),
+    "softplus": (2, 4),
+    "sqrt": (1, 1),
+    "relu": (0, 1),
+    "abs": (0, 1),
+    "max": (0, 1),
+    "min": (0, 1),
+    "where": (0, 1),
+    "lt": (0, 1),
+    "le": (0, 1),
+    "gt": (0, 1),
+    "ge": (0, 1),
+    "eq": (0, 1),
+    "ne": (0, 1),
+    # Leaves and markers cost nothing at run time.
+    "detach": (0, 0),
+    "const": (0, 0),
+    "state": (0, 0),
+    "gate": (0, 0),
+    "param": (0, 0),
+}
+_UNKNOWN_OP_COST = (0, 2)  # an op added to the IR after this table: count it as plain ALU work
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One tiling problem. ``head_dim`` is D of one head; ``hidden = heads × head_dim``."""
+
+    gates_r: int
+    heads: int
+    head_dim: int
+    batch: int
+    dtype: str = "bf16"
+    n_states: int = 1
+    mufu_ops: int = 0  # MUFU instructions per element per step
+    alu_ops: int = 0  # plain fp32 instructions per element per step
+    cell_regs: int = 8  # registers the cell's temporaries need per element in flight
+
+    def __post_init__(self) -> None:
+        for field in ("heads", "head_dim", "batch", "n_states"):
+            if getattr(self, field) < 1:
+                raise ValueError(f"{field} must be positive, got {getattr(self, field)}")
+        for field in ("gates_r", "mufu_ops", "alu_ops", "cell_regs"):
+            if getattr(self, field) < 0:
+                raise ValueError(f"{field} must not be negative, got {getattr(self, field)}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPES[self.dtype]
+
+    @property
+    def gates_in(self) -> int:
+        """Gate values per element loaded from ``Wx`` each step (sizes the prefetch buffer).
+
+        Taken as Gr (one per gate of the product), at least one; the interface does not carry
+        Gx, and for every example cell Gx == Gr.
+        """
+        return max(self.gates_r, 1)
+
+    @property
+    def r_bytes_per_head(self) -> int:
+        return self.gates_r * self.head_dim * self.head_dim * self.dtype_bytes
+
+    def describe(self) -> str:
+        return (
+            f"Gr={self.gates_r}, NH={self.heads}, D={self.head_dim}, B={self.batch}, {self.dtype}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+    @classmethod
+    def from_cell(
+        cls,
+        cell: Any,
+        *,
+        heads: int,
+        head_dim: int,
+        batch: int,
+        dtype: str = "bf16",
+        op_counts: Mapping[str, int] | None = None,
+    ) -> Problem:
+        """The problem of an IR cell at the given sizes.
+
+        Reads ``cell.gr_names``, ``cell.states`` and ``rnncc.ir.op_counts(cell)`` (or the
+        ``op_counts`` given) and nothing else of the cell.
+        """
+        if op_counts is None:
+            op_counts = importlib.import_module("rnncc.ir").op_counts(cell)
+        mufu, alu = pointwise_mix(op_counts)
+        n_states = len(tuple(cell.states))
+        return cls(
+            gates_r=len(tuple(cell.gr_names)),
+            heads=heads,
+            head_dim=head_dim,
+            batch=batch,
+            dtype=dtype,
+            n_states=n_states,
+            mufu_ops=mufu,
+            alu_ops=alu,
+            cell_regs=estimate_cell_regs(op_counts),
+        )
+
+
+def pointwise_mix(op_counts: Mapping[str, int]) -> tuple[int, int]:
+    """(MUFU, ALU) instructions per element per step for the given op counts."""
+    mufu = alu = 0
+    for op, count in op_counts.items():
+        m, a = OP_COST.get(op, _UNKNOWN_OP_COST)
+        mufu += m * count
+        alu += a * count
+    return mufu, alu
+
+
+def estimate_cell_regs(op_counts: Mapping[str, int]) -> int:
+    """Registers the cell's temporaries need per element: a bound from the count of non-leaf
+    ops (a third of them live at once, at least 4, at most 32) — the IR gives no liveness."""
+    work = sum(c for op, c in op_counts.items() if OP_COST.get(op, _UNKNOWN_OP_COST) != (0, 0))
+    return max(4, min(32, 4 + work // 3))

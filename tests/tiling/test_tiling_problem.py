@@ -1,0 +1,102 @@
+"""Problem: sizes, validation, and the cell's pointwise cost read through the IR interface."""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from rnncc.tiling import Problem
+from rnncc.tiling.problem import OP_COST, estimate_cell_regs, pointwise_mix
+
+LSTM_COUNTS = {"gate": 4, "sigmoid": 3, "state": 1, "mul": 3, "tanh": 2, "add": 1}
+
+
+class StandInCell:
+    """Only the attributes ``Problem.from_cell`` may read; anything else fails the test."""
+
+    def __init__(self, gr_names: tuple[str, ...], states: tuple[str, ...]):
+        self._attrs = {
+            "gr_names": gr_names,
+            "states": tuple(type("State", (), {"name": s})() for s in states),
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self.__dict__["_attrs"][name]
+        except KeyError:
+            raise AssertionError(f"Problem.from_cell read cell.{name}") from None
+
+
+def test_lstm_mix_counts_special_functions_at_their_mufu_cost() -> None:
+    # sigmoid = ex2 + rcp, tanh = MUFU.TANH: 3 × 2 + 2 × 1
+    mufu, alu = pointwise_mix(LSTM_COUNTS)
+    assert mufu == 8
+    assert alu == 3 * 2 + 3 + 1  # sigmoid's negate-and-add, the multiplies, the add
+
+
+def test_every_ir_op_has_a_cost() -> None:
+    ops = "add sub mul div neg pow sigmoid tanh exp log logsigmoid softplus relu abs sqrt max min"
+    ops += " where lt le gt ge eq ne detach const state gate param"
+    assert set(ops.split()) <= set(OP_COST)
+    assert OP_COST["logsigmoid"][0] == OP_COST["softplus"][0] == 2  # ex2 + lg2
+    assert OP_COST["div"][0] == 1
+
+
+def test_unknown_ops_count_as_alu_work() -> None:
+    assert pointwise_mix({"frobnicate": 2}) == (0, 4)
+
+
+def test_from_cell_with_given_counts() -> None:
+    cell = StandInCell(("i", "f", "z", "o"), ("h", "c"))
+    p = Problem.from_cell(cell, heads=12, head_dim=64, batch=16, op_counts=LSTM_COUNTS)
+    assert (p.gates_r, p.n_states, p.mufu_ops, p.alu_ops) == (4, 2, 8, 10)
+    assert p.cell_regs == estimate_cell_regs(LSTM_COUNTS)
+    assert (p.heads, p.head_dim, p.batch, p.dtype) == (12, 64, 16, "bf16")
+
+
+def test_from_cell_reads_rnncc_ir_op_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen = []
+    fake = ModuleType("rnncc.ir")
+
+    def op_counts(cell: object) -> dict[str, int]:
+        seen.append(cell)
+        return {"gate": 3, "sigmoid": 2, "tanh": 1, "add": 4, "sub": 1, "mul": 3, "const": 1}
+
+    fake.op_counts = op_counts  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "rnncc.ir", fake)
+    cell = StandInCell(("hr", "hz", "hn"), ("h",))
+    p = Problem.from_cell(cell, heads=1, head_dim=768, batch=8, dtype="fp16")
+    assert seen == [cell]
+    assert (p.gates_r, p.n_states, p.mufu_ops, p.dtype) == (3, 1, 5, "fp16")
+
+
+def test_cell_without_recurrent_product() -> None:
+    cell = StandInCell((), ("h",))
+    p = Problem.from_cell(cell, heads=4, head_dim=32, batch=2, op_counts={"mul": 2, "relu": 1})
+    assert p.gates_r == 0 and p.r_bytes_per_head == 0
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("heads", 0, "heads must be positive"),
+        ("head_dim", -1, "head_dim must be positive"),
+        ("batch", 0, "batch must be positive"),
+        ("gates_r", -1, "gates_r must not be negative"),
+        ("dtype", "fp8", "dtype must be one of"),
+    ],
+)
+def test_validation(field: str, value: object, message: str) -> None:
+    kwargs: dict[str, Any] = dict(gates_r=4, heads=1, head_dim=64, batch=16)
+    kwargs[field] = value
+    with pytest.raises(ValueError, match=message):
+        Problem(**kwargs)
+
+
+def test_sizes() -> None:
+    p = Problem(gates_r=4, heads=1, head_dim=768, batch=16)
+    assert p.r_bytes_per_head == 4 * 768 * 768 * 2  # 4.7 MB
+    assert Problem(gates_r=4, heads=1, head_dim=768, batch=16, dtype="fp32").dtype_bytes == 4
