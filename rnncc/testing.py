@@ -169,7 +169,7 @@ def pairwise(factors: dict[str, list[Any]]) -> list[dict[str, Any]]:
             if name in row:
                 continue
 
-            def gain(v: Any, name: str = name) -> int:
+            def gain(v: Any, name: str = name, row: dict[str, Any] = row) -> int:
                 return sum(
                     1
                     for other, ov in row.items()

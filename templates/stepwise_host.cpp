@@ -8,12 +8,13 @@
 // einsum (a batched GEMM), db and dparams one reduction each. No host synchronisation: the
 // loop only enqueues work on the current stream, so it can be captured in a CUDA graph.
 #include <ATen/ATen.h>
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
 #include <limits>
 #include <tuple>
+#include <vector>
 
 #include "rnncc_abi.h"
 
@@ -62,7 +63,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
     at::IntArrayRef dims, bool save, bool poison_outputs) {
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor Wx = Wx_.contiguous(), bias = opt(b_), params = opt(params_);
   const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
   const auto f32 = Wx.options().dtype(at::kFloat);
@@ -96,7 +97,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
     a.s_new = fptr(s_new);
     launch(fn, a, stream, "forward");
   }
-  at::Tensor last = hist[save ? T : T % 2].permute({0, 2, 1, 3}).to(Wx.scalar_type()).contiguous();
+  // Fresh outputs: a custom op's results must not alias each other or its inputs, and a
+  // permuted view with a unit dimension can already be contiguous.
+  at::Tensor last = at::empty({k.S, B, NH, D}, Wx.options());
+  last.copy_(hist[save ? T : T % 2].permute({0, 2, 1, 3}));
   if (!save) {
     hist = at::empty({0}, f32);
     rh = at::empty({0}, f32);
@@ -113,7 +117,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
     int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
-  cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor Wx = Wx_.contiguous(), dy = dy_.contiguous(), bias = opt(b_), params = opt(params_);
   const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
   const auto f32 = Wx.options().dtype(at::kFloat);
@@ -150,15 +154,18 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
     cur = 1 - cur;
   }
   const auto dtype = Wx.scalar_type();
-  at::Tensor dstates = ds[cur].permute({0, 2, 1, 3}).to(dtype).contiguous();
-  at::Tensor dR = at::empty({0}, Wx.options()), db = dR, dparams = dR;
+  at::Tensor dstates = at::empty({k.S, B, NH, D}, Wx.options());
+  dstates.copy_(ds[cur].permute({0, 2, 1, 3}));
+  at::Tensor dR = at::empty({0}, Wx.options()), db = at::empty({0}, Wx.options()),
+             dparams = at::empty({0}, Wx.options());
   if (k.Gr) {
     at::Tensor h_prev = hist.narrow(0, 0, T).select(1, k.rec);  // [T, NH, B, D]
     dR = at::einsum("tnbk,tnbe->nke", {dGr, h_prev})
              .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype).contiguous();
   }
-  if (k.Gb) db = dGb.sum({0, 2}).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
-  if (k.P) dparams = dP.sum({0, 2}).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  const std::vector<int64_t> time_and_batch{0, 2};
+  if (k.Gb) db = dGb.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  if (k.P) dparams = dP.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
   return {dWx, dR, db, dstates, dparams};
 }
 

@@ -56,7 +56,9 @@ def cell_sources(draw) -> str:
     states = ["s0", "s1", "s2"][:n_states]
     n_gates = draw(st.integers(1, 3))
     gates = ["g0", "g1", "g2"][:n_gates]
-    terms = draw(st.lists(st.sampled_from(["W x", "R s0", "b"]), min_size=1, max_size=3, unique=True))
+    terms = draw(
+        st.lists(st.sampled_from(["W x", "R s0", "b"]), min_size=1, max_size=3, unique=True)
+    )
     lines = [f"gates {', '.join(gates)} = {' + '.join(terms)}"]
     visible = list(states) + list(gates)
     if draw(st.booleans()):

@@ -66,7 +66,7 @@ class CudaRenderer:
         self.names = names
 
     def prec(self, node: Node) -> int:
-        if node in self.names or node.is_leaf and node.op != "const":
+        if node in self.names or (node.is_leaf and node.op != "const"):
             return PREC_ATOM
         if node.op == "const":
             return PREC_NEG if node.arg < 0 else PREC_ATOM

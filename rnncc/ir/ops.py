@@ -102,7 +102,9 @@ def _grad_pow(node: Node, g: Node) -> tuple[Node | None, ...]:
 
 def _grad_abs(node: Node, g: Node) -> tuple[Node | None, ...]:
     (x,) = node.src  # torch: grad * sgn(x), sgn(0) = 0
-    return (N("where", N("gt", x, _c(0.0)), g, N("where", N("lt", x, _c(0.0)), N("neg", g), _c(0.0))),)
+    return (
+        N("where", N("gt", x, _c(0.0)), g, N("where", N("lt", x, _c(0.0)), N("neg", g), _c(0.0))),
+    )
 
 
 def _softplus(x: torch.Tensor) -> torch.Tensor:
@@ -114,7 +116,9 @@ def _pow(x: torch.Tensor, c: float) -> torch.Tensor:
 
 
 def _compare(name: str, symbol: str, fn: Callable[..., Any], cuda: str) -> OpDef:
-    return OpDef(name, 2, "compare", symbol, PREC_COMPARE, cuda, fn, lambda n, g: (None, None), 0, 1)
+    return OpDef(
+        name, 2, "compare", symbol, PREC_COMPARE, cuda, fn, lambda n, g: (None, None), 0, 1
+    )
 
 
 def _leaf(name: str) -> OpDef:
@@ -133,11 +137,23 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("add", 2, "infix", "+", PREC_ADD, "+", torch.add, lambda n, g: (g, g)),
     OpDef("sub", 2, "infix", "-", PREC_ADD, "-", torch.sub, lambda n, g: (g, N("neg", g))),
     OpDef(
-        "mul", 2, "infix", "*", PREC_MUL, "*", torch.mul,
+        "mul",
+        2,
+        "infix",
+        "*",
+        PREC_MUL,
+        "*",
+        torch.mul,
         lambda n, g: (N("mul", g, n.src[1]), N("mul", g, n.src[0])),
     ),
     OpDef(
-        "div", 2, "infix", "/", PREC_MUL, "/", torch.div,
+        "div",
+        2,
+        "infix",
+        "/",
+        PREC_MUL,
+        "/",
+        torch.div,
         # torch: self: grad / other; other: -grad * self / (other * other)
         lambda n, g: (
             N("div", g, n.src[1]),
@@ -149,34 +165,70 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("pow", 1, "infix", "**", PREC_POW, "rnncc_pow({0}, {arg})", _pow, _grad_pow, 2),
     # functions
     OpDef(
-        "sigmoid", 1, "call", "sigmoid", PREC_ATOM, "rnncc_sigmoid({0})", torch.sigmoid,
+        "sigmoid",
+        1,
+        "call",
+        "sigmoid",
+        PREC_ATOM,
+        "rnncc_sigmoid({0})",
+        torch.sigmoid,
         # torch: sigmoid_backward = grad * (1 - y) * y
         lambda n, g: (N("mul", N("mul", g, N("sub", _c(1.0), n)), n),),
         special=2,
     ),
     OpDef(
-        "tanh", 1, "call", "tanh", PREC_ATOM, "rnncc_tanh({0})", torch.tanh,
+        "tanh",
+        1,
+        "call",
+        "tanh",
+        PREC_ATOM,
+        "rnncc_tanh({0})",
+        torch.tanh,
         # torch: tanh_backward = grad * (1 - y * y)
         lambda n, g: (N("mul", g, N("sub", _c(1.0), N("mul", n, n))),),
         special=2,
     ),
     OpDef(
-        "exp", 1, "call", "exp", PREC_ATOM, "rnncc_exp({0})", torch.exp,
+        "exp",
+        1,
+        "call",
+        "exp",
+        PREC_ATOM,
+        "rnncc_exp({0})",
+        torch.exp,
         lambda n, g: (N("mul", g, n),),
         special=1,
     ),
     OpDef(
-        "log", 1, "call", "log", PREC_ATOM, "rnncc_log({0})", torch.log,
+        "log",
+        1,
+        "call",
+        "log",
+        PREC_ATOM,
+        "rnncc_log({0})",
+        torch.log,
         lambda n, g: (N("div", g, n.src[0]),),
         special=1,
     ),
     OpDef(
-        "logsigmoid", 1, "call", "logsigmoid", PREC_ATOM, "rnncc_logsigmoid({0})", F.logsigmoid,
+        "logsigmoid",
+        1,
+        "call",
+        "logsigmoid",
+        PREC_ATOM,
+        "rnncc_logsigmoid({0})",
+        F.logsigmoid,
         lambda n, g: (N("mul", g, N("sigmoid", N("neg", n.src[0]))),),
         special=2,
     ),
     OpDef(
-        "softplus", 1, "call", "softplus", PREC_ATOM, "rnncc_softplus({0})", _softplus,
+        "softplus",
+        1,
+        "call",
+        "softplus",
+        PREC_ATOM,
+        "rnncc_softplus({0})",
+        _softplus,
         # torch: x > 20 ? grad : grad * z / (z + 1), z = exp(x)
         lambda n, g: (
             N("where", N("gt", n.src[0], _c(20.0)), g, N("mul", g, N("sigmoid", n.src[0]))),
@@ -184,13 +236,25 @@ _ROWS: tuple[OpDef, ...] = (
         special=2,
     ),
     OpDef(
-        "relu", 1, "call", "relu", PREC_ATOM, "rnncc_relu({0})", torch.relu,
+        "relu",
+        1,
+        "call",
+        "relu",
+        PREC_ATOM,
+        "rnncc_relu({0})",
+        torch.relu,
         # torch: threshold_backward(grad, result, 0): grad where result > 0
         lambda n, g: (_zero_where(N("gt", n, _c(0.0)), g),),
     ),
     OpDef("abs", 1, "call", "abs", PREC_ATOM, "fabsf({0})", torch.abs, _grad_abs),
     OpDef(
-        "sqrt", 1, "call", "sqrt", PREC_ATOM, "rnncc_sqrt({0})", torch.sqrt,
+        "sqrt",
+        1,
+        "call",
+        "sqrt",
+        PREC_ATOM,
+        "rnncc_sqrt({0})",
+        torch.sqrt,
         # torch: grad / (2 * result)
         lambda n, g: (N("div", g, N("mul", _c(2.0), n)),),
         special=1,
@@ -198,14 +262,22 @@ _ROWS: tuple[OpDef, ...] = (
     OpDef("max", 2, "call", "max", PREC_ATOM, "rnncc_max({0}, {1})", torch.maximum, _grad_max),
     OpDef("min", 2, "call", "min", PREC_ATOM, "rnncc_min({0}, {1})", torch.minimum, _grad_min),
     OpDef(
-        "where", 3, "call", "where", PREC_ATOM, "({0} ? {1} : {2})", torch.where,
+        "where",
+        3,
+        "call",
+        "where",
+        PREC_ATOM,
+        "({0} ? {1} : {2})",
+        torch.where,
         lambda n, g: (
             None,
             N("where", n.src[0], g, _c(0.0)),
             N("where", n.src[0], _c(0.0), g),
         ),
     ),
-    OpDef("detach", 1, "call", "detach", PREC_ATOM, "{0}", torch.Tensor.detach, lambda n, g: (None,)),
+    OpDef(
+        "detach", 1, "call", "detach", PREC_ATOM, "{0}", torch.Tensor.detach, lambda n, g: (None,)
+    ),
     # comparisons: only as the first argument of where
     _compare("lt", "<", torch.lt, "<"),
     _compare("le", "<=", torch.le, "<="),
@@ -218,12 +290,16 @@ _ROWS: tuple[OpDef, ...] = (
 OPS: dict[str, OpDef] = {row.name: row for row in _ROWS}
 
 #: The functions a cell may call, by surface name.
-FUNCTIONS: dict[str, OpDef] = {row.symbol: row for row in _ROWS if row.kind == "call" and row.symbol}
+FUNCTIONS: dict[str, OpDef] = {
+    row.symbol: row for row in _ROWS if row.kind == "call" and row.symbol
+}
 #: Infix binary operators by symbol (``**`` is handled by the frontend: constant exponent).
 BINARY: dict[str, OpDef] = {
     row.symbol: row for row in _ROWS if row.kind == "infix" and row.name != "pow" and row.symbol
 }
-COMPARISONS: dict[str, OpDef] = {row.symbol: row for row in _ROWS if row.kind == "compare" and row.symbol}
+COMPARISONS: dict[str, OpDef] = {
+    row.symbol: row for row in _ROWS if row.kind == "compare" and row.symbol
+}
 LEAVES = frozenset(row.name for row in _ROWS if row.kind == "leaf")
 
 

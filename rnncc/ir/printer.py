@@ -45,7 +45,9 @@ def _prec(node: Node, names: Mapping[Node, str]) -> int:
     return row.prec
 
 
-def render(node: Node, names: Mapping[Node, str], leaf: Callable[[Node], str], *, top: bool = True) -> str:
+def render(
+    node: Node, names: Mapping[Node, str], leaf: Callable[[Node], str], *, top: bool = True
+) -> str:
     """``node`` as a surface expression; bound subexpressions print as their names."""
     if not top and node in names:
         return names[node]
@@ -64,7 +66,9 @@ def render(node: Node, names: Mapping[Node, str], leaf: Callable[[Node], str], *
     if node.op == "pow":
         return f"{sub(node.src[0], PREC_POW + 1)} ** {format_number(node.arg)}"
     if row.kind == "prefix":
-        return f"{row.symbol}{sub(node.src[0], row.prec + 1 if node.src[0].op == 'neg' else row.prec)}"
+        return (
+            f"{row.symbol}{sub(node.src[0], row.prec + 1 if node.src[0].op == 'neg' else row.prec)}"
+        )
     # infix and compare: left-associative
     left, right = node.src
     return f"{sub(left, row.prec)} {row.symbol} {sub(right, row.prec + 1)}"
@@ -84,7 +88,9 @@ def _mentions(node: Node, names: Mapping[Node, str], *, top: bool) -> set[str]:
 
 
 def _state_list(cell: Cell) -> str:
-    return ", ".join(s.name if s.init == 0.0 else f"{s.name} = {format_number(s.init)}" for s in cell.states)
+    return ", ".join(
+        s.name if s.init == 0.0 else f"{s.name} = {format_number(s.init)}" for s in cell.states
+    )
 
 
 def print_cell(cell: Cell) -> str:
@@ -95,7 +101,9 @@ def print_cell(cell: Cell) -> str:
         terms = " + ".join(f"R {cell.recurrent}" if t == "r" else _TERM_TEXT[t] for t in proj.terms)
         lines.append(f"{ind}{proj.keyword} {', '.join(proj.gates)} = {terms}")
     if cell.params:
-        items = [p.name if p.init == 0.0 else f"{p.name} = {format_number(p.init)}" for p in cell.params]
+        items = [
+            p.name if p.init == 0.0 else f"{p.name} = {format_number(p.init)}" for p in cell.params
+        ]
         lines.append(f"{ind}param {', '.join(items)}")
     for c in cell.consts:
         lines.append(f"{ind}const {c.name} = {format_number(c.value)}")

@@ -88,8 +88,10 @@ def canonicalize(roots: list[Node] | tuple[Node, ...]) -> list[Node]:
     memo: dict[Node, Node] = {}
     for node in toposort(list(roots)):
         src = tuple(memo[s] for s in node.src)
-        rebuilt = node if src == node.src and all(a is b for a, b in zip(src, node.src)) else (
-            Node(node.op, src, node.arg, name=node.name, span=node.span)
+        rebuilt = (
+            node
+            if src == node.src and all(a is b for a, b in zip(src, node.src))
+            else (Node(node.op, src, node.arg, name=node.name, span=node.span))
         )
         rebuilt = simplify_node(rebuilt)
         if rebuilt.name is None and node.name is not None and rebuilt is not node:

@@ -90,10 +90,16 @@ def verify_cell(cell: Cell) -> None:
         _fail(f"duplicate names {dupes}", text)
     if tuple(s for s, _ in cell.updates) != cell.state_names:
         _fail("updates do not match the states one to one, in order", text)
-    if len(set(cell.outputs)) != len(cell.outputs) or not set(cell.outputs) <= set(cell.state_names):
+    if len(set(cell.outputs)) != len(cell.outputs) or not set(cell.outputs) <= set(
+        cell.state_names
+    ):
         _fail(f"bad outputs {cell.outputs}", text)
     for proj in cell.projections:
-        if not proj.terms or not set(proj.terms) <= set(PARTS) or len(set(proj.terms)) != len(proj.terms):
+        if (
+            not proj.terms
+            or not set(proj.terms) <= set(PARTS)
+            or len(set(proj.terms)) != len(proj.terms)
+        ):
             _fail(f"bad projection terms {proj.terms}", text)
     has_r = bool(cell.gr_names)
     if has_r != (cell.recurrent is not None):

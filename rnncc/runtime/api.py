@@ -107,10 +107,14 @@ class CompiledCell:
         """The derived backward cell, printed for reading."""
         return print_backward(self.backward_ir)
 
-    def initial_states(self, B: int, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu") -> torch.Tensor:
+    def initial_states(
+        self, B: int, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu"
+    ) -> torch.Tensor:
         return initial_states(self.ir, B, NH, D, dtype, device)
 
-    def initial_params(self, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu") -> torch.Tensor | None:
+    def initial_params(
+        self, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu"
+    ) -> torch.Tensor | None:
         return initial_params(self.ir, NH, D, dtype, device) if self.ir.params else None
 
     def __repr__(self) -> str:

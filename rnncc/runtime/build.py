@@ -138,14 +138,18 @@ def build_library(
         started = time.time()
         _run_build(ext_name, paths, directory, flags, cuda)
         info = {"name": name, "key": key, "seconds": round(time.time() - started, 2), **parts}
-        info = {k: v for k, v in info.items() if not k.startswith("src:") and not k.startswith("hdr:")}
+        info = {
+            k: v for k, v in info.items() if not k.startswith("src:") and not k.startswith("hdr:")
+        }
         _atomic_write(marker, json.dumps(info, indent=1) + "\n")
         with open(root / "builds.log", "a") as log:
             log.write(f"{name}-{key[:16]} {os.getpid()} {info['seconds']}\n")
     return library
 
 
-def _run_build(ext_name: str, sources: list[str], directory: Path, flags: list[str], cuda: bool) -> None:
+def _run_build(
+    ext_name: str, sources: list[str], directory: Path, flags: list[str], cuda: bool
+) -> None:
     from torch.utils import cpp_extension
 
     verbose = get_config().verbose

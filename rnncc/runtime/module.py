@@ -46,9 +46,7 @@ class RNN(nn.Module):
         if not isinstance(cell, CompiledCell):
             cell = load(cell)
         if hidden_size % num_heads:
-            raise ValueError(
-                f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}"
-            )
+            raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
         self.cell = cell
         self.input_size = input_size
         self.hidden_size = hidden_size
@@ -65,7 +63,9 @@ class RNN(nn.Module):
         if gb and not bias:
             self.register_buffer("_zero_b", torch.zeros(gb, NH, D, **kw), persistent=False)
         self.params = (
-            nn.Parameter(torch.empty(len(cell.param_names), NH, D, **kw)) if cell.param_names else None
+            nn.Parameter(torch.empty(len(cell.param_names), NH, D, **kw))
+            if cell.param_names
+            else None
         )
         self.reset_parameters()
 

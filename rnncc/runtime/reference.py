@@ -25,16 +25,26 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def initial_states(cell: Cell, B: int, NH: int, D: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+def _filled(
+    values: list[float], shape: tuple[int, ...], dtype: torch.dtype, device: Any
+) -> torch.Tensor:
+    # One fill per value, no host-to-device copy: capturable in a CUDA graph.
+    out = torch.empty((len(values), *shape), dtype=dtype, device=device)
+    for k, v in enumerate(values):
+        out[k].fill_(v)
+    return out
+
+
+def initial_states(
+    cell: Cell, B: int, NH: int, D: int, dtype: torch.dtype, device: Any
+) -> torch.Tensor:
     """``[S, B, NH, D]`` filled with each state's declared initial value."""
-    inits = torch.tensor([s.init for s in cell.states], dtype=dtype, device=device)
-    return inits.view(-1, 1, 1, 1).expand(len(cell.states), B, NH, D).contiguous()
+    return _filled([s.init for s in cell.states], (B, NH, D), dtype, device)
 
 
 def initial_params(cell: Cell, NH: int, D: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
     """``[P, NH, D]`` filled with each param's declared initial value."""
-    inits = torch.tensor([p.init for p in cell.params], dtype=dtype, device=device)
-    return inits.view(-1, 1, 1).expand(len(cell.params), NH, D).contiguous()
+    return _filled([p.init for p in cell.params], (NH, D), dtype, device)
 
 
 class _Step:
@@ -73,7 +83,9 @@ class _Step:
         }
         leaves.update((("gate", g), v) for g, v in self.gates(t, states).items())
         if self.params is not None:
-            leaves.update((("param", p), self.params[k]) for k, p in enumerate(self.cell.param_names))
+            leaves.update(
+                (("param", p), self.params[k]) for k, p in enumerate(self.cell.param_names)
+            )
         return leaves
 
 
@@ -126,7 +138,9 @@ class ReferenceFunction(torch.autograd.Function):
         shape = (B, NH, D)
         S = len(cell.states)
         ds = [
-            torch.zeros(shape, dtype=cdtype, device=Wx.device) if dlast is None else dlast[k].to(cdtype)
+            torch.zeros(shape, dtype=cdtype, device=Wx.device)
+            if dlast is None
+            else dlast[k].to(cdtype)
             for k in range(S)
         ]
         dWx = torch.zeros(Wx.shape, dtype=cdtype, device=Wx.device)
@@ -144,9 +158,13 @@ class ReferenceFunction(torch.autograd.Function):
             leaves.update((("dstate", s), ds[k]) for k, s in enumerate(cell.state_names))
             for k, s in enumerate(cell.outputs):
                 leaves[("dout", s)] = (
-                    torch.zeros(shape, dtype=cdtype, device=Wx.device) if dy is None else dy[k, :, t].to(cdtype)
+                    torch.zeros(shape, dtype=cdtype, device=Wx.device)
+                    if dy is None
+                    else dy[k, :, t].to(cdtype)
                 )
-            outs = [v.expand(shape) for v in evaluate(roots, leaves, dtype=cdtype, device=Wx.device)]
+            outs = [
+                v.expand(shape) for v in evaluate(roots, leaves, dtype=cdtype, device=Wx.device)
+            ]
             d_old, d_g, d_p = outs[:ns], outs[ns : ns + ng], outs[ns + ng :]
             dg = dict(zip((g for g, _ in bwd.d_gates), d_g, strict=True))
             for g, k in ix.items():

@@ -8,8 +8,8 @@ Input: a checked cell and its backward cell. Output: a ``StepwiseOps`` whose ``_
 - the cell's kernels (``rnncc.codegen.stepwise``), a torch-free library whose ``extern "C"``
   launchers the host loop calls through function pointers (``templates/rnncc_abi.h``).
 
-Per cell, ``torch.library.custom_op`` registers ``rnncc::<cell>_<key>_forward`` and
-``..._backward`` with fake (meta) implementations and an autograd formula, so a model using
+Per cell, ``torch.library`` registers ``rnncc::<cell>_<key>_forward`` and ``..._backward``
+with fake (meta) implementations and an autograd formula, so a model using
 the cell works under ``torch.compile(fullgraph=True)`` and inside CUDA graphs. The forward
 saves the per-step states and ``R h`` products (float32) only when a gradient is needed.
 """
@@ -19,9 +19,11 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import Tensor
 
 from rnncc.codegen.stepwise import HEADERS, generate_stepwise
 from rnncc.config import get_config
@@ -71,7 +73,9 @@ class StepwiseOps:
             path = build_cell_library(cell, bwd, arch)
         lib = ctypes.CDLL(str(path))
         if lib.rnncc_abi_version() != ABI_VERSION:
-            raise BuildError(f"cell library {path} has ABI {lib.rnncc_abi_version()}, expected {ABI_VERSION}")
+            raise BuildError(
+                f"cell library {path} has ABI {lib.rnncc_abi_version()}, expected {ABI_VERSION}"
+            )
         self._lib = lib  # keeps the library loaded
         fwd = ctypes.cast(lib.rnncc_forward_step, ctypes.c_void_p).value
         bwd_fn = ctypes.cast(lib.rnncc_backward_step, ctypes.c_void_p).value
@@ -95,66 +99,64 @@ class StepwiseOps:
         return y, last
 
 
-_defined: dict[str, object] = {}
+_defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
+_library: torch.library.Library | None = None
+
+_FORWARD_SCHEMA = (
+    "{name}_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, bool save, "
+    "bool poison) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+_BACKWARD_SCHEMA = (
+    "{name}_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, Tensor? params, "
+    "Tensor hist, Tensor rh, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+)
 
 
 def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
-    """Register (once per process) the custom ops of one cell library."""
+    """Register (once per process) the ops of one cell library: schema, CUDA kernel, fake
+    implementation, autograd. Registered through ``torch.library.Library`` rather than
+    ``custom_op``, whose first call imports torch._dynamo (seconds) even in eager mode."""
+    global _library
     if name in _defined:
         return _defined[name]
+    if _library is None:
+        _library = torch.library.Library("rnncc", "FRAGMENT")
+    lib = _library
     S, O, _, Gr, _, _, _ = dims
-    Tensor = torch.Tensor
+    lib.define(_FORWARD_SCHEMA.format(name=name))
+    lib.define(_BACKWARD_SCHEMA.format(name=name))
 
-    @torch.library.custom_op(f"rnncc::{name}_forward", mutates_args=())
-    def forward(
-        Wx: Tensor,
-        R: Tensor | None,
-        b: Tensor | None,
-        states: Tensor,
-        params: Tensor | None,
-        save: bool,
-        poison: bool,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        return tuple(  # type: ignore[return-value]
-            torch.ops.rnncc_host.stepwise_forward(Wx, R, b, states, params, fwd_ptr, dims, save, poison)
+    def forward(Wx, R, b, states, params, save, poison):
+        return torch.ops.rnncc_host.stepwise_forward(
+            Wx, R, b, states, params, fwd_ptr, dims, save, poison
         )
 
-    @forward.register_fake
-    def _(Wx, R, b, states, params, save, poison):
+    def forward_fake(Wx, R, b, states, params, save, poison):
         B, T, _, NH, D = Wx.shape
         f32 = dict(dtype=torch.float32, device=Wx.device)
         hist = Wx.new_empty((T + 1, S, NH, B, D), **f32) if save else Wx.new_empty((0,), **f32)
         rh = Wx.new_empty((T, NH, B, Gr * D), **f32) if save and Gr else Wx.new_empty((0,), **f32)
         return Wx.new_empty((O, B, T, NH, D)), Wx.new_empty((S, B, NH, D)), hist, rh
 
-    @torch.library.custom_op(f"rnncc::{name}_backward", mutates_args=())
-    def backward(
-        dy: Tensor,
-        dlast: Tensor,
-        Wx: Tensor,
-        R: Tensor | None,
-        b: Tensor | None,
-        params: Tensor | None,
-        hist: Tensor,
-        rh: Tensor,
-        poison: bool,
-    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
-        return tuple(  # type: ignore[return-value]
-            torch.ops.rnncc_host.stepwise_backward(
-                dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison
-            )
+    def backward(dy, dlast, Wx, R, b, params, hist, rh, poison):
+        return torch.ops.rnncc_host.stepwise_backward(
+            dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison
         )
 
-    @backward.register_fake
-    def _(dy, dlast, Wx, R, b, params, hist, rh, poison):
-        empty = Wx.new_empty((0,))
+    def backward_fake(dy, dlast, Wx, R, b, params, hist, rh, poison):
         return (
             Wx.new_empty(Wx.shape),
-            empty if R is None else R.new_empty(R.shape),
-            empty if b is None else b.new_empty(b.shape),
+            Wx.new_empty((0,)) if R is None else R.new_empty(R.shape),
+            Wx.new_empty((0,)) if b is None else b.new_empty(b.shape),
             dlast.new_empty(dlast.shape),
-            empty if params is None else params.new_empty(params.shape),
+            Wx.new_empty((0,)) if params is None else params.new_empty(params.shape),
         )
+
+    lib.impl(f"{name}_forward", forward, "CUDA")
+    lib.impl(f"{name}_backward", backward, "CUDA")
+    torch.library.register_fake(f"rnncc::{name}_forward", forward_fake, lib=lib)
+    torch.library.register_fake(f"rnncc::{name}_backward", backward_fake, lib=lib)
+    backward_op = getattr(torch.ops.rnncc, f"{name}_backward")
 
     def setup_context(ctx, inputs, output):
         Wx, R, b, states, params, save, poison = inputs
@@ -177,7 +179,7 @@ def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
             dy = Wx.new_zeros((O, B, T, NH, D))
         if dlast is None:
             dlast = Wx.new_zeros(ctx.states_shape)
-        dWx, dR, db, dstates, dparams = backward(
+        dWx, dR, db, dstates, dparams = backward_op(
             dy, dlast.to(Wx.dtype), Wx, R, b, params, hist, rh, ctx.poison
         )
         has_r, has_b, has_p = ctx.has
@@ -191,9 +193,11 @@ def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
             None,
         )
 
-    forward.register_autograd(grad, setup_context=setup_context)
-    _defined[name] = forward
-    return forward
+    torch.library.register_autograd(
+        f"rnncc::{name}_forward", grad, setup_context=setup_context, lib=lib
+    )
+    _defined[name] = op = getattr(torch.ops.rnncc, f"{name}_forward")
+    return op
 
 
 @functools.cache

@@ -44,7 +44,9 @@ def test_detach_passes_no_gradient():
 
 
 def test_unused_state_gets_zero_cotangent():
-    (cell,), _ = compile_source("cell z(h, c) {\n  gates a = W x + R h\n  c = a\n  h = tanh(c)\n}\n")
+    (cell,), _ = compile_source(
+        "cell z(h, c) {\n  gates a = W x + R h\n  c = a\n  h = tanh(c)\n}\n"
+    )
     bwd = derive_backward(cell)
     assert dict(bwd.d_states)["c"].op == "const" and dict(bwd.d_states)["c"].arg == 0.0
 
@@ -64,7 +66,9 @@ def test_random_cells(text):
 
 
 def test_ties_in_random_data_do_not_break_max():
-    (cell,), _ = compile_source("cell t(h) {\n  gates a, c = W x\n  h = max(a, c) * min(c, a) + h\n}\n")
+    (cell,), _ = compile_source(
+        "cell t(h) {\n  gates a, c = W x\n  h = max(a, c) * min(c, a) + h\n}\n"
+    )
     leaves = step_leaves(cell, (2, 8))
     leaves[("gate", "c")][:, ::2] = leaves[("gate", "a")][:, ::2]
     assert backward_vs_autograd(cell, leaves) <= 1e-12

@@ -86,16 +86,24 @@ def test_stepwise_matches_float64_reference(cells, case):
 
 def test_no_grad_forward_matches(cells):
     cell = cells["lstm"]
-    x = {k: None if v is None else v.cuda().float() for k, v in random_inputs(cell.ir, 4, 9, 2, 16).items()}
+    x = {
+        k: None if v is None else v.cuda().float()
+        for k, v in random_inputs(cell.ir, 4, 9, 2, 16).items()
+    }
     with torch.no_grad():
         y, last = cell(*(x[k] for k in INPUTS), backend="stepwise")
-        y_ref, last_ref = cell(*(None if x[k] is None else x[k].double() for k in INPUTS), backend="reference")
+        y_ref, last_ref = cell(
+            *(None if x[k] is None else x[k].double() for k in INPUTS), backend="reference"
+        )
     assert rel_err(y, y_ref) <= 1e-5 and rel_err(last, last_ref) <= 1e-5
 
 
 def test_auto_picks_stepwise_on_cuda_and_warns_once(cells):
     cell = rnncc.load(next(p for p in EXAMPLES if p.stem == "gru"))
-    x = {k: None if v is None else v.cuda().float() for k, v in random_inputs(cell.ir, 2, 3, 1, 8).items()}
+    x = {
+        k: None if v is None else v.cuda().float()
+        for k, v in random_inputs(cell.ir, 2, 3, 1, 8).items()
+    }
     with pytest.warns(rnncc.RnnccWarning, match="stepwise"):
         cell(*(x[k] for k in INPUTS))
     assert cell.last_backend == "stepwise"
@@ -133,6 +141,9 @@ def test_cuda_graph_capture_of_forward_and_backward(cells):
     (out.sum() + last.sum()).backward()
     eager_out = out.detach().clone()
     eager = [p.grad.clone() for p in model.parameters()]
+    # Drop the eager graph: its AccumulateGrad nodes belong to the default stream, and a
+    # capture that reuses them would make the legacy stream wait on the capture.
+    del out, last
 
     static_x = x.clone()
     stream = torch.cuda.Stream()
@@ -142,6 +153,7 @@ def test_cuda_graph_capture_of_forward_and_backward(cells):
             model.zero_grad(set_to_none=True)
             o, l = model(static_x)
             (o.sum() + l.sum()).backward()
+        del o, l
     torch.cuda.current_stream().wait_stream(stream)
     model.zero_grad(set_to_none=True)
     graph = torch.cuda.CUDAGraph()

@@ -84,10 +84,14 @@ def test_derivative_matches_autograd(op):
     assert backward_vs_autograd(cell, _leaves(cell, tweak)) <= 1e-12
 
 
-@pytest.mark.parametrize("op", sorted(set(FUNCTIONS.values()), key=lambda r: r.name), ids=lambda r: r.name)
+@pytest.mark.parametrize(
+    "op", sorted(set(FUNCTIONS.values()), key=lambda r: r.name), ids=lambda r: r.name
+)
 def test_function_gradcheck(op):
     expr = GRADCHECK.get(op.name, CASES[op.name][0])
-    compiled = rnncc.loads(f"cell op_test(h) {{\n    gates a, c = W x + R h + b\n    h = {expr} + h + 0 * (a + c)\n}}\n")
+    compiled = rnncc.loads(
+        f"cell op_test(h) {{\n    gates a, c = W x + R h + b\n    h = {expr} + h + 0 * (a + c)\n}}\n"
+    )
     x = random_inputs(compiled.ir, 2, 3, 1, 3, seed=5)
     args = tuple(x[k].requires_grad_() for k in ("Wx", "R", "b", "states"))
     assert torch.autograd.gradcheck(lambda *a: compiled(*a, backend="reference"), args)
@@ -113,5 +117,10 @@ def test_max_tie_splits_gradient_in_half():
     leaves = {("state", "h"): one, ("gate", "a"): one, ("gate", "c"): one.clone()}
     leaves[("dstate", "h")] = one
     leaves[("dout", "h")] = 0 * one
-    got = dict(zip([n for n, _ in bwd.d_gates], evaluate([n for _, n in bwd.d_gates], leaves, dtype=torch.float64)))
+    got = dict(
+        zip(
+            [n for n, _ in bwd.d_gates],
+            evaluate([n for _, n in bwd.d_gates], leaves, dtype=torch.float64),
+        )
+    )
     assert float(got["a"]) == 0.5 and float(got["c"]) == 0.5

@@ -92,7 +92,9 @@ def test_gradcheck_every_input(path):
 
     def f(*a):
         kw = dict(zip(names, a))
-        return cell(kw["Wx"], kw.get("R"), kw.get("b"), kw["states"], kw.get("params"), backend="reference")
+        return cell(
+            kw["Wx"], kw.get("R"), kw.get("b"), kw["states"], kw.get("params"), backend="reference"
+        )
 
     assert torch.autograd.gradcheck(f, args)
 
