@@ -96,12 +96,63 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cells, warns = _compile(args.file)
     _print_warnings(warns)
     cell = _pick(cells, args.cell, args.file)
+    plan = _plan_files(cell, args) if args.hidden is not None else None
     try:
-        out = write_package(cell, Path(args.output))
+        out = write_package(cell, Path(args.output), plan=plan)
     except OSError as err:
         raise RnnccError(f"{args.output}: cannot write: {err.strerror or err}") from None
     print(f"wrote {out} (cell '{cell.name}'); import it with the parent folder on sys.path")
+    if args.prebuild:
+        from rnncc.autodiff import derive_backward
+        from rnncc.runtime.stepwise import build_cell_library, host_library
+
+        arch = args.arch or _device_arch()
+        host = host_library(_build_arch(arch))
+        library = build_cell_library(cell, derive_backward(cell), _build_arch(arch))
+        print(f"prebuilt for {arch}: {library} (host loop: {host})")
     return 0
+
+
+def _build_arch(arch: str) -> str:
+    """The build target of an --arch name: Hopper gets sm_90a (wgmma needs the 'a')."""
+    return "sm_90a" if arch in ("sm_90", "sm_90a") else arch
+
+
+def _device_arch() -> str:
+    import torch
+
+    if not torch.cuda.is_available():
+        raise RnnccError("no CUDA device here: name the target with --arch (e.g. sm_90a)")
+    from rnncc.runtime.build import device_arch
+
+    return device_arch()
+
+
+def _plan_files(cell, args: argparse.Namespace) -> dict[str, str]:
+    """plan.txt and plan.json for the sizes given (the plan of the fused kernel)."""
+    import json
+
+    from rnncc.errors import TilingError
+    from rnncc.tiling import Problem, caps_for_arch, caps_for_device, solve
+
+    if args.heads < 1 or args.hidden % args.heads:
+        raise RnnccError(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
+    caps = caps_for_arch(args.arch) if args.arch else caps_for_device()
+    problem = Problem.from_cell(
+        cell,
+        heads=args.heads,
+        head_dim=args.hidden // args.heads,
+        batch=args.batch,
+        dtype=args.dtype,
+    )
+    try:
+        plan = solve(problem, caps)
+    except TilingError as err:
+        return {"plan.txt": f"no fused-kernel plan (the stepwise backend runs instead):\n{err}\n"}
+    return {
+        "plan.txt": plan.explain() + "\n",
+        "plan.json": json.dumps(plan.as_dict(), indent=1) + "\n",
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,6 +194,27 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", required=True, metavar="DIR", help="the package folder to write"
     )
     p.add_argument("--cell", metavar="NAME", help="the cell to compile when the file has several")
+    p.add_argument(
+        "--arch", metavar="ARCH", help="target GPU for the plan and --prebuild, e.g. sm_90a, h100"
+    )
+    p.add_argument(
+        "--hidden", type=int, metavar="H", help="hidden size: also write the tiling plan"
+    )
+    p.add_argument("--heads", type=int, default=1, metavar="NH", help="heads (default 1)")
+    p.add_argument(
+        "--batch", type=int, default=16, metavar="B", help="batch for the plan (default 16)"
+    )
+    p.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=("bf16", "fp16", "fp32"),
+        help="storage dtype of the plan",
+    )
+    p.add_argument(
+        "--prebuild",
+        action="store_true",
+        help="build the CUDA libraries into the cache now (needs nvcc and a CUDA build of torch)",
+    )
     p.set_defaults(func=cmd_compile)
 
     try:

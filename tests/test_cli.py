@@ -250,7 +250,35 @@ def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> 
         "__init__.py",
         "cell.json",
         "cell.rnn",
+        "kernels",
     ]
+    kernels = sorted(p.name for p in (tmp_path / "pkg" / "kernels").iterdir())
+    assert kernels == ["indrnn_stepwise.cu", "rnncc_abi.h", "rnncc_ops.cuh"]
+
+
+def test_compile_writes_the_plan_for_given_sizes(capsys, tmp_path: Path) -> None:
+    import json
+
+    from rnncc.codegen.stepwise import generate_stepwise
+
+    args = ["compile", str(REPO / "examples" / "lstm.rnn"), "-o", str(tmp_path / "pkg")]
+    rc = main([*args, "--hidden", "768", "--heads", "12", "--arch", "sm_90"])
+    assert rc == 0
+    plan = json.loads((tmp_path / "pkg" / "plan.json").read_text())
+    assert plan["tier"] == "block"
+    assert (tmp_path / "pkg" / "plan.txt").read_text().startswith("tiling plan for Gr=4, NH=12")
+    cell = rnncc.load(REPO / "examples" / "lstm.rnn")
+    shipped = (tmp_path / "pkg" / "kernels" / "lstm_stepwise.cu").read_text()
+    assert shipped == generate_stepwise(cell.ir, cell.backward_ir).text
+
+
+def test_compile_prebuild_without_gpu_needs_arch(capsys, tmp_path: Path, monkeypatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    rc = main(["compile", str(REPO / "examples" / "lstm.rnn"), "-o", str(tmp_path / "pkg"), "--prebuild"])
+    assert rc == 1
+    assert "name the target with --arch" in capsys.readouterr().err
 
 
 def test_compile_refuses_unusable_output(capsys, tmp_path: Path) -> None:

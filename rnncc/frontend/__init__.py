@@ -8,7 +8,10 @@ diagnostic; warnings are returned beside the cells.
 from __future__ import annotations
 
 from pathlib import Path
+from pprint import pformat
 
+from rnncc.config import get_config
+from rnncc.dump import dump
 from rnncc.errors import Diagnostic, Source
 from rnncc.frontend.lower import lower
 from rnncc.frontend.parse import parse
@@ -20,7 +23,15 @@ __all__ = ["compile_file", "compile_source"]
 def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[Diagnostic]]:
     """Every cell of ``text`` and the warnings; raises ``DslError`` on any error."""
     source = Source(text, path)
-    return lower(parse(source), source)
+    module = parse(source)
+    cells, diagnostics = lower(module, source)
+    if get_config().dump_dir is not None:
+        from rnncc.ir.printer import print_cell
+
+        for cell_def, cell in zip(module.cells, cells, strict=True):
+            dump(cell.name, "ast.txt", pformat(cell_def, width=100))
+            dump(cell.name, "ir.rnn", print_cell(cell))
+    return cells, diagnostics
 
 
 def compile_file(path: str | Path) -> tuple[list[Cell], list[Diagnostic]]:

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from rnncc.autodiff import derive_backward
+from rnncc.dump import dump
 from rnncc.errors import Diagnostic, TilingError
 from rnncc.frontend import compile_source
 from rnncc.ir.cell import BackwardCell, Cell
@@ -51,6 +52,7 @@ class CompiledCell:
     ):
         self.ir = ir
         self.backward_ir: BackwardCell = backward_ir or derive_backward(ir)
+        dump(ir.name, "backward.rnn", print_backward(self.backward_ir))
         self.warnings = warnings_
         self.last_backend: str | None = None
         self._warned: set[str] = set()

@@ -4,8 +4,13 @@ DIR becomes an importable Python package:
 
 - ``cell.json`` — the forward and backward IR (``rnncc.ir.serialize``), with the source;
 - ``cell.rnn`` — the cell's source as written, for reading;
+- ``kernels/`` — the generated CUDA of the stepwise backend and the headers it includes
+  (the runtime regenerates the same bytes, so a library prebuilt from them is found in the
+  cache by content);
+- ``plan.txt`` / ``plan.json`` — the tiling plan, when sizes were given;
 - ``__init__.py`` — loads ``cell.json`` into ``cell`` (a ``CompiledCell``) without running
-  the front end or autodiff, and offers ``RNN(...)``, ``rnncc.RNN`` bound to the cell.
+  the front end or autodiff, and offers ``RNN(...)``, ``rnncc.RNN`` bound to the cell. On
+  first use on a GPU the kernels are built (or loaded from the cache) for that GPU.
 
 Files are written to a temporary folder and moved into place, so a reader never sees a
 half-written package. DIR's name must be a Python identifier and not a keyword (it is the
@@ -21,13 +26,16 @@ import keyword
 import os
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 
 from rnncc import __version__
 from rnncc.autodiff import derive_backward
+from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.errors import RnnccError
 from rnncc.ir.cell import Cell
 from rnncc.ir.serialize import dump_cells, load_cells
+from rnncc.resources import templates_dir
 from rnncc.runtime.api import CompiledCell
 
 _INIT = '''"""rnncc cell '{name}', compiled from {path} by rnncc {version}.
@@ -54,8 +62,9 @@ def RNN(*args, **kwargs):
 '''
 
 
-def write_package(cell: Cell, out: Path) -> Path:
-    """Write ``out`` as a package of ``cell``; replaces an earlier package there."""
+def write_package(cell: Cell, out: Path, *, plan: Mapping[str, str] | None = None) -> Path:
+    """Write ``out`` as a package of ``cell``; replaces an earlier package there. ``plan``
+    maps file names (``plan.txt``, ``plan.json``) to their text."""
     out = Path(out)
     if not out.name.isidentifier() or keyword.iskeyword(out.name):
         raise RnnccError(
@@ -67,7 +76,8 @@ def write_package(cell: Cell, out: Path) -> Path:
             f"{out} exists and is not an rnncc package: not replacing it; "
             "remove it or choose another output folder"
         )
-    data = dump_cells(cell, derive_backward(cell))
+    backward = derive_backward(cell)
+    data = dump_cells(cell, backward)
     data["rnncc_version"] = __version__
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
@@ -77,6 +87,14 @@ def write_package(cell: Cell, out: Path) -> Path:
         path = cell.source.path if cell.source else "<string>"
         init = _INIT.format(name=cell.name, path=path, version=__version__, package=out.name)
         (tmp / "__init__.py").write_text(init, encoding="utf-8")
+        kernels = tmp / "kernels"
+        kernels.mkdir()
+        src = generate_stepwise(cell, backward)
+        (kernels / src.filename).write_text(src.text, encoding="utf-8")
+        for header in src.headers:
+            shutil.copyfile(templates_dir() / header, kernels / header)
+        for name, text in (plan or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
         # mkdtemp makes the folder private (0700); give it the mode a plain mkdir would.
         mode = (tmp / "cell.json").stat().st_mode & 0o666
         os.chmod(tmp, mode | (mode & 0o444) >> 2)

@@ -27,6 +27,7 @@ from torch import Tensor
 
 from rnncc.codegen.stepwise import HEADERS, generate_stepwise
 from rnncc.config import get_config
+from rnncc.dump import dump
 from rnncc.errors import BuildError
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.resources import templates_dir
@@ -42,7 +43,8 @@ def _header_paths() -> list[Path]:
 
 
 @functools.cache
-def _host_library(arch: str) -> Path:
+def host_library(arch: str) -> Path:
+    """Build (or find) and load the generic host loop for ``arch``; checks its ABI."""
     source = (templates_dir() / "stepwise_host.cpp").read_text()
     path = build_library(
         "rnncc_stepwise_host", {"stepwise_host.cpp": source}, arch=arch, headers=_header_paths()
@@ -57,6 +59,7 @@ def _host_library(arch: str) -> Path:
 def build_cell_library(cell: Cell, bwd: BackwardCell, arch: str) -> Path:
     """Build (or find in the cache) the cell's kernel library for ``arch``."""
     src = generate_stepwise(cell, bwd)
+    dump(cell.name, "stepwise.cu", src.text)
     return build_library(
         f"rnncc_{cell.name}_stepwise", {src.filename: src.text}, arch=arch, headers=_header_paths()
     )
@@ -69,7 +72,7 @@ class StepwiseOps:
         self.cell = cell
         self.poison = get_config().poison  # read once: the call path must stay compile-friendly
         with _lock:
-            _host_library(arch)
+            host_library(arch)
             path = build_cell_library(cell, bwd, arch)
         lib = ctypes.CDLL(str(path))
         if lib.rnncc_abi_version() != ABI_VERSION:

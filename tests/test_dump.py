@@ -1,0 +1,31 @@
+"""RNNCC_DUMP_DIR: every stage of a cell's compilation is written there."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import rnncc
+from rnncc.config import override
+from rnncc.runtime.stepwise import build_cell_library
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_stages_are_dumped(tmp_path, monkeypatch):
+    monkeypatch.setattr("rnncc.runtime.stepwise.build_library", lambda *a, **k: tmp_path / "x.so")
+    with override(dump_dir=tmp_path):
+        cell = rnncc.load(ROOT / "examples" / "gru.rnn")
+        build_cell_library(cell.ir, cell.backward_ir, "sm_90a")
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["gru.ast.txt", "gru.backward.rnn", "gru.ir.rnn", "gru.stepwise.cu"]
+    assert "cell gru(h)" in (tmp_path / "gru.ir.rnn").read_text()
+    assert "backward gru {" in (tmp_path / "gru.backward.rnn").read_text()
+    assert "CellDef" in (tmp_path / "gru.ast.txt").read_text()
+    assert "rnncc_forward_step" in (tmp_path / "gru.stepwise.cu").read_text()
+
+
+def test_nothing_is_dumped_by_default(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with override(dump_dir=None):
+        rnncc.load(ROOT / "examples" / "gru.rnn")
+    assert list(tmp_path.iterdir()) == []
