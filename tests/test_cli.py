@@ -276,7 +276,9 @@ def test_compile_prebuild_without_gpu_needs_arch(capsys, tmp_path: Path, monkeyp
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    rc = main(["compile", str(REPO / "examples" / "lstm.rnn"), "-o", str(tmp_path / "pkg"), "--prebuild"])
+    rc = main(
+        ["compile", str(REPO / "examples" / "lstm.rnn"), "-o", str(tmp_path / "pkg"), "--prebuild"]
+    )
     assert rc == 1
     assert "name the target with --arch" in capsys.readouterr().err
 

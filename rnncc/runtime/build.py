@@ -96,7 +96,12 @@ def _atomic_write(path: Path, text: str) -> None:
 
 
 def _first_errors(log: str, limit: int = 8) -> str:
-    lines = [ln for ln in log.splitlines() if re.search(r"\berror\b", ln, re.IGNORECASE)]
+    """The compiler's own error lines (not ninja's command lines), else the log's tail."""
+    lines = [
+        ln
+        for ln in log.splitlines()
+        if re.search(r"\berror\b", ln, re.IGNORECASE) and not ln.startswith("Error building")
+    ]
     return "\n".join(lines[:limit]) or "\n".join(log.splitlines()[-limit:])
 
 
