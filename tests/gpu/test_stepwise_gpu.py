@@ -166,3 +166,30 @@ def test_cuda_graph_capture_of_forward_and_backward(cells):
     assert rel_err(static_out, eager_out) <= 1e-6
     for p, g in zip(model.parameters(), eager, strict=True):
         assert rel_err(p.grad, g) <= 1e-6
+
+
+def test_prebuilt_package_loads_from_cache(tmp_path):
+    """`rnncc compile --prebuild` builds ahead; importing the package then builds nothing."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    env = dict(os.environ, RNNCC_CACHE_DIR=str(cache))
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(ROOT), env.get("PYTHONPATH", "")])
+    compile_cmd = ["-m", "rnncc", "compile", str(ROOT / "examples" / "mgu.rnn")]
+    compile_cmd += ["-o", str(tmp_path / "mgu_pkg"), "--prebuild"]
+    proc = subprocess.run([sys.executable, *compile_cmd], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    builds = (cache / "builds.log").read_text().splitlines()
+    assert len(builds) == 2  # the host loop and the cell
+    script = (
+        "import torch, mgu_pkg\n"
+        "layer = mgu_pkg.RNN(8, 16, backend='stepwise').cuda()\n"
+        "out, last = layer(torch.randn(2, 5, 8, device='cuda'))\n"
+        "out.sum().backward(); torch.cuda.synchronize(); print(mgu_pkg.cell.last_backend)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "stepwise"
+    assert (cache / "builds.log").read_text().splitlines() == builds

@@ -106,7 +106,12 @@ def test_write_and_load_package(tmp_path: Path) -> None:
     cell = compile_one(path)
     out = write_package(cell, tmp_path / "nested" / "peephole")
     assert out == tmp_path / "nested" / "peephole"
-    assert sorted(p.name for p in out.iterdir()) == ["__init__.py", "cell.json", "cell.rnn"]
+    assert sorted(p.name for p in out.iterdir()) == [
+        "__init__.py",
+        "cell.json",
+        "cell.rnn",
+        "kernels",
+    ]
     assert (out / "cell.rnn").read_text() == path.read_text()
     assert json.loads((out / "cell.json").read_text())["rnncc_version"] == rnncc.__version__
     init = (out / "__init__.py").read_text()
@@ -132,14 +137,21 @@ def test_package_folder_has_the_usual_permissions(tmp_path: Path) -> None:
 
 
 def package_files(out: Path) -> dict[str, str]:
-    return {p.name: p.read_text() for p in out.iterdir()}
+    return {str(p.relative_to(out)): p.read_text() for p in sorted(out.rglob("*")) if p.is_file()}
 
 
 def test_write_package_replaces_an_earlier_package(tmp_path: Path) -> None:
     out = write_package(compile_one(REPO / "examples/lstm.rnn"), tmp_path / "pkg")
     (out / "stale.txt").write_text("from the earlier package")
     write_package(compile_one(REPO / "examples/gru.rnn"), out)
-    assert sorted(package_files(out)) == ["__init__.py", "cell.json", "cell.rnn"]
+    assert sorted(package_files(out)) == [
+        "__init__.py",
+        "cell.json",
+        "cell.rnn",
+        "kernels/gru_stepwise.cu",
+        "kernels/rnncc_abi.h",
+        "kernels/rnncc_ops.cuh",
+    ]
     assert load_package(out / "cell.json").name == "gru"
     assert [p.name for p in tmp_path.iterdir()] == ["pkg"]  # no temporary or old folders left
 
