@@ -71,9 +71,9 @@ class StepwiseOps:
     def __init__(self, cell: Cell, bwd: BackwardCell, arch: str):
         self.cell = cell
         self.poison = get_config().poison  # read once: the call path must stay compile-friendly
-        with _lock:
+        with _lock:  # the host library is built and loaded once per process
             host_library(arch)
-            path = build_cell_library(cell, bwd, arch)
+        path = build_cell_library(cell, bwd, arch)  # cell builds may run in parallel threads
         lib = ctypes.CDLL(str(path))
         if lib.rnncc_abi_version() != ABI_VERSION:
             raise BuildError(
