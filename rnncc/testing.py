@@ -13,7 +13,7 @@ Used by rnncc's own tests (CPU and GPU) and usable by anyone checking a cell of 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -121,9 +121,13 @@ def backward_vs_autograd(
     new = evaluate(roots, inputs, dtype=torch.float64)
     d_new = {s: torch.randn(shape, generator=g, dtype=torch.float64) for s in cell.state_names}
     d_out = {s: torch.randn(shape, generator=g, dtype=torch.float64) for s in cell.outputs}
-    loss = sum(
-        (v.expand(shape) * (d_new[s] + d_out.get(s, 0.0))).sum()
-        for (s, _), v in zip(cell.updates, new, strict=True)
+    # A tensor, not sum()'s start value 0: every cell has at least one state.
+    loss = cast(
+        torch.Tensor,
+        sum(
+            (v.expand(shape) * (d_new[s] + d_out.get(s, 0.0))).sum()
+            for (s, _), v in zip(cell.updates, new, strict=True)
+        ),
     )
     keys = list(inputs)
     grads = torch.autograd.grad(loss, [inputs[k] for k in keys], allow_unused=True)

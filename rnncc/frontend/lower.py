@@ -363,7 +363,11 @@ class _CellLowering:
                 for a in e.args:  # still check them and mark their names used
                     self.expr(a)
                 return bad
-            args = (self.expr(cond, compare_ok=True), self.expr(e.args[1]), self.expr(e.args[2]))
+            args: tuple[Node, ...] = (
+                self.expr(cond, compare_ok=True),
+                self.expr(e.args[1]),
+                self.expr(e.args[2]),
+            )
         else:
             args = tuple(self.expr(a) for a in e.args)
         return Node(row.name, args, span=e.span)

@@ -14,9 +14,11 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterator
+from typing import Any
 
 from lark import Lark, Token, Transformer_NonRecursive, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
+from lark.tree import Meta
 
 from rnncc.errors import Diagnostic, DslSyntaxError, Source, Span
 from rnncc.frontend import ast
@@ -97,83 +99,83 @@ def _number(text: str) -> float:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
+class _ToAst(Transformer_NonRecursive[Token, ast.Module]):
     """Lark tree → ``rnncc.frontend.ast`` nodes (iteratively: a long sum such as
     ``h + h + ... + h`` is a deep left-nested tree that would overflow Python's stack)."""
 
-    def start(self, meta, children):
+    def start(self, meta: Meta, children: list[Any]) -> ast.Module:
         return ast.Module(tuple(c for c in children if c is not None))
 
-    def cell(self, meta, children):
+    def cell(self, meta: Meta, children: list[Any]) -> ast.CellDef:
         name, *rest = children
         states = tuple(c for c in rest if isinstance(c, ast.InitItem))
         body = tuple(c for c in rest if c is not None and not isinstance(c, ast.InitItem))
         return ast.CellDef(_ident(name), states, body, _span(meta))
 
-    def state_decl(self, meta, children):
+    def state_decl(self, meta: Meta, children: list[Any]) -> ast.InitItem:
         name, value = children
         return ast.InitItem(_ident(name), value, _span(meta))
 
     init_item = state_decl
 
-    def signed_number(self, meta, children):
+    def signed_number(self, meta: Meta, children: list[Any]) -> float:
         sign, tok = children
         value = float("inf") if tok.type == "INF" else _number(tok)
         return -value if sign is not None and sign == "-" else value
 
-    def projection(self, meta, children):
+    def projection(self, meta: Meta, children: list[Any]) -> ast.Projection:
         kw, *rest = children
         names = tuple(_ident(c) for c in rest if isinstance(c, Token))
         terms = tuple(c for c in rest if isinstance(c, ast.Term))
         return ast.Projection(str(kw), names, terms, _span(meta))
 
-    def proj_kw(self, meta, children):
+    def proj_kw(self, meta: Meta, children: list[Token]) -> Token:
         return children[0]
 
-    def term2(self, meta, children):
+    def term2(self, meta: Meta, children: list[Any]) -> ast.Term:
         return ast.Term((_ident(children[0]), _ident(children[1])), _span(meta))
 
-    def term1(self, meta, children):
+    def term1(self, meta: Meta, children: list[Any]) -> ast.Term:
         return ast.Term((_ident(children[0]),), _span(meta))
 
-    def param_decl(self, meta, children):
+    def param_decl(self, meta: Meta, children: list[Any]) -> ast.ParamDecl:
         return ast.ParamDecl(tuple(children), _span(meta))
 
-    def const_decl(self, meta, children):
+    def const_decl(self, meta: Meta, children: list[Any]) -> ast.ConstDecl:
         return ast.ConstDecl(tuple(children), _span(meta))
 
-    def output_decl(self, meta, children):
+    def output_decl(self, meta: Meta, children: list[Any]) -> ast.OutputDecl:
         return ast.OutputDecl(tuple(_ident(c) for c in children), _span(meta))
 
-    def assign(self, meta, children):
+    def assign(self, meta: Meta, children: list[Any]) -> ast.Assign:
         target, value = children
         return ast.Assign(_ident(target), value, _span(meta))
 
-    def compare(self, meta, children):
+    def compare(self, meta: Meta, children: list[Any]) -> ast.Compare:
         left, op, right = children
         return ast.Compare(str(op), left, right, _span(meta))
 
-    def binary(self, meta, children):
+    def binary(self, meta: Meta, children: list[Any]) -> ast.Binary:
         left, op, right = children
         return ast.Binary(str(op), left, right, _span(meta))
 
-    def pow(self, meta, children):
+    def pow(self, meta: Meta, children: list[Any]) -> ast.Binary:
         left, right = children
         return ast.Binary("**", left, right, _span(meta))
 
-    def neg(self, meta, children):
+    def neg(self, meta: Meta, children: list[Any]) -> ast.Neg:
         return ast.Neg(children[0], _span(meta))
 
-    def number(self, meta, children):
+    def number(self, meta: Meta, children: list[Any]) -> ast.Number:
         return ast.Number(_number(children[0]), _span(meta))
 
-    def inf(self, meta, children):
+    def inf(self, meta: Meta, children: list[Any]) -> ast.Number:
         return ast.Number(float("inf"), _span(meta))
 
-    def name(self, meta, children):
+    def name(self, meta: Meta, children: list[Any]) -> ast.Name:
         return ast.Name(_ident(children[0]))
 
-    def call(self, meta, children):
+    def call(self, meta: Meta, children: list[Any]) -> ast.Call:
         func, *args = children
         return ast.Call(_ident(func), tuple(a for a in args if a is not None), _span(meta))
 
@@ -223,7 +225,9 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
             msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(expected or set(err.expected))}"
         return Diagnostic("error", msg, span, source)
     if isinstance(err, UnexpectedCharacters):
-        char = source.text[err.pos_in_stream] if err.pos_in_stream < len(source.text) else "?"
+        pos = err.pos_in_stream
+        assert pos is not None  # the lexer always reports where it stopped
+        char = source.text[pos] if pos < len(source.text) else "?"
         span = Span(err.line, err.column, err.line, err.column + 1)
         msg = f"unexpected character {char!r}"
         if err.allowed:

@@ -31,6 +31,7 @@ class Node:
 
     __slots__ = ("_hash", "arg", "name", "op", "span", "src")
 
+    _hash: int
     op: str
     src: tuple[Node, ...]
     arg: Any

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
 from rnncc.runtime.validate import validate
+
+if TYPE_CHECKING:  # the stepwise backend is imported on first use, in _stepwise_ops
+    from rnncc.runtime.stepwise import StepwiseOps
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
 _STEPWISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -56,7 +59,7 @@ class CompiledCell:
         self.warnings = warnings_
         self.last_backend: str | None = None
         self._warned: set[str] = set()
-        self._stepwise: dict[str, Any] = {}
+        self._stepwise: dict[str, StepwiseOps] = {}
 
     # ---- description ---------------------------------------------------------------------
     @property
@@ -110,12 +113,12 @@ class CompiledCell:
         return print_backward(self.backward_ir)
 
     def initial_states(
-        self, B: int, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu"
+        self, B: int, NH: int, D: int, *, dtype: torch.dtype = torch.float32, device: Any = "cpu"
     ) -> torch.Tensor:
         return initial_states(self.ir, B, NH, D, dtype, device)
 
     def initial_params(
-        self, NH: int, D: int, *, dtype=torch.float32, device: Any = "cpu"
+        self, NH: int, D: int, *, dtype: torch.dtype = torch.float32, device: Any = "cpu"
     ) -> torch.Tensor | None:
         return initial_params(self.ir, NH, D, dtype, device) if self.ir.params else None
 
@@ -154,7 +157,7 @@ class CompiledCell:
             return self._stepwise_ops(Wx.device)(Wx, R, b, states, params)
         return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
 
-    def _stepwise_ops(self, device: torch.device):
+    def _stepwise_ops(self, device: torch.device) -> StepwiseOps:
         from rnncc.runtime.stepwise import StepwiseOps, arch_of
 
         arch = arch_of(device.index if device.index is not None else torch.cuda.current_device())

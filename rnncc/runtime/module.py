@@ -20,11 +20,19 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 from torch import nn
 
 from rnncc.runtime.api import CompiledCell, load
+
+
+class _Factory(TypedDict):
+    """``device=`` and ``dtype=`` of the tensor factories, as given to ``RNN``."""
+
+    device: torch.device | str | None
+    dtype: torch.dtype | None
 
 
 class RNN(nn.Module):
@@ -54,7 +62,7 @@ class RNN(nn.Module):
         self.head_dim = hidden_size // num_heads
         self.batch_first = batch_first
         self.backend = backend
-        kw = {"device": device, "dtype": dtype}
+        kw: _Factory = {"device": device, "dtype": dtype}
         NH, D = num_heads, self.head_dim
         gx, gr, gb = len(cell.gx_names), len(cell.gr_names), len(cell.gb_names)
         self.input_proj = nn.Linear(input_size, gx * hidden_size, bias=bias, **kw) if gx else None
@@ -75,9 +83,9 @@ class RNN(nn.Module):
             if self.input_proj is not None:
                 for p in self.input_proj.parameters():
                     p.uniform_(-k, k)
-            for p in (self.R, self.b):
-                if p is not None:
-                    p.uniform_(-k, k)
+            for w in (self.R, self.b):
+                if w is not None:
+                    w.uniform_(-k, k)
             if self.params is not None:
                 init = torch.tensor([p.init for p in self.cell.ir.params], dtype=self.params.dtype)
                 self.params.copy_(init.view(-1, 1, 1).expand_as(self.params))

@@ -13,7 +13,7 @@ in float32 (like the kernels) and round results to the storage dtype.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast, overload
 
 import torch
 
@@ -23,6 +23,14 @@ from rnncc.ir.interpret import evaluate
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@overload
+def _to(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
+@overload
+def _to(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None: ...
+def _to(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)
 
 
 def _filled(
@@ -50,7 +58,15 @@ def initial_params(cell: Cell, NH: int, D: int, dtype: torch.dtype, device: Any)
 class _Step:
     """Gate assembly and leaf binding for one cell at one set of sizes."""
 
-    def __init__(self, cell: Cell, Wx, R, b, params, cdtype):
+    def __init__(
+        self,
+        cell: Cell,
+        Wx: torch.Tensor,
+        R: torch.Tensor | None,
+        b: torch.Tensor | None,
+        params: torch.Tensor | None,
+        cdtype: torch.dtype,
+    ) -> None:
         self.cell = cell
         self.Wx, self.R, self.b, self.params = Wx, R, b, params
         self.cdtype = cdtype
@@ -66,14 +82,18 @@ class _Step:
             rh = torch.einsum("gnde,bne->gbnd", self.R, states[self.rec])
         out: dict[str, torch.Tensor] = {}
         for gate in self.cell.gates:
-            v = None
+            v: torch.Tensor | None = None
             if gate.name in self.ix:
                 v = self.Wx[:, t, self.ix[gate.name]]
             if rh is not None and gate.name in self.ir:
                 v = rh[self.ir[gate.name]] if v is None else v + rh[self.ir[gate.name]]
             if gate.name in self.ib:
+                assert self.b is not None  # b terms make b a required input (validate)
                 bias = self.b[self.ib[gate.name]]
                 v = bias.expand_as(states[0]) if v is None else v + bias
+            # Every projection has at least one term (the grammar needs one), and R terms
+            # imply a recurrent state (the verifier checks it), so every gate got a value.
+            assert v is not None
             out[gate.name] = v
         return out
 
@@ -89,10 +109,16 @@ class _Step:
         return leaves
 
 
-def _run_forward(cell: Cell, Wx, R, b, states, params):
+def _run_forward(
+    cell: Cell,
+    Wx: torch.Tensor,
+    R: torch.Tensor | None,
+    b: torch.Tensor | None,
+    states: torch.Tensor,
+    params: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor, list[list[torch.Tensor]], _Step]:
     cdtype = compute_dtype(Wx.dtype)
-    up = lambda t: None if t is None else t.to(cdtype)  # noqa: E731
-    Wx_c, R_c, b_c, p_c = up(Wx), up(R), up(b), up(params)
+    Wx_c, R_c, b_c, p_c = _to(Wx, cdtype), _to(R, cdtype), _to(b, cdtype), _to(params, cdtype)
     step = _Step(cell, Wx_c, R_c, b_c, p_c, cdtype)
     cur = [s.to(cdtype) for s in states.unbind(0)]
     B, T, _, NH, D = Wx.shape
@@ -117,7 +143,16 @@ class ReferenceFunction(torch.autograd.Function):
     """Forward through the IR interpreter; backward through the derived backward cell."""
 
     @staticmethod
-    def forward(ctx, cell: Cell, bwd: BackwardCell, Wx, R, b, states, params):  # type: ignore[override]
+    def forward(
+        ctx: Any,
+        cell: Cell,
+        bwd: BackwardCell,
+        Wx: torch.Tensor,
+        R: torch.Tensor | None,
+        b: torch.Tensor | None,
+        states: torch.Tensor,
+        params: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         y, last, history, _ = _run_forward(cell, Wx, R, b, states, params)
         ctx.cell, ctx.bwd = cell, bwd
         ctx.history = history
@@ -127,13 +162,16 @@ class ReferenceFunction(torch.autograd.Function):
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, dy, dlast):  # type: ignore[override]
+    def backward(
+        ctx: Any, dy: torch.Tensor | None, dlast: torch.Tensor | None
+    ) -> tuple[torch.Tensor | None, ...]:
         cell: Cell = ctx.cell
         bwd: BackwardCell = ctx.bwd
         Wx, R, b, params = ctx.saved_tensors
         cdtype = compute_dtype(Wx.dtype)
-        up = lambda t: None if t is None else t.to(cdtype)  # noqa: E731
-        step = _Step(cell, up(Wx), up(R), up(b), up(params), cdtype)
+        step = _Step(
+            cell, _to(Wx, cdtype), _to(R, cdtype), _to(b, cdtype), _to(params, cdtype), cdtype
+        )
         B, T, _, NH, D = Wx.shape
         shape = (B, NH, D)
         S = len(cell.states)
@@ -171,6 +209,7 @@ class ReferenceFunction(torch.autograd.Function):
                 dWx[:, t, k] = dg[g]
             if rec is not None:
                 dgr = torch.stack([dg[g] for g in cell.gr_names])  # [Gr, B, NH, D]
+                assert dR is not None  # a recurrent state implies R (validated on the call)
                 dR += torch.einsum("gbnd,bne->gnde", dgr, old[rec])
                 d_old[rec] = d_old[rec] + torch.einsum("gnde,gbnd->bne", step.R, dgr)
             if db is not None:
@@ -181,17 +220,40 @@ class ReferenceFunction(torch.autograd.Function):
                     dp[k] += v.sum(0)
             ds = d_old
         dstates = torch.stack(ds).to(ctx.states_dtype)
-        cast = lambda t, like: None if t is None else t.to(like.dtype)  # noqa: E731
-        return None, None, dWx.to(Wx.dtype), cast(dR, R), cast(db, b), dstates, cast(dp, params)
+        return (
+            None,
+            None,
+            dWx.to(Wx.dtype),
+            None if dR is None else dR.to(R.dtype),
+            None if db is None else db.to(b.dtype),
+            dstates,
+            None if dp is None else dp.to(params.dtype),
+        )
 
 
-def forward_autograd(cell: Cell, Wx, R, b, states, params):
+def forward_autograd(
+    cell: Cell,
+    Wx: torch.Tensor,
+    R: torch.Tensor | None,
+    b: torch.Tensor | None,
+    states: torch.Tensor,
+    params: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, last)`` computed with plain differentiable torch ops: torch autograd through the
     forward, the oracle that the derived backward is tested against."""
     y, last, _, _ = _run_forward(cell, Wx, R, b, states, params)
     return y.to(Wx.dtype), last.to(Wx.dtype)
 
 
-def run_reference(cell: Cell, bwd: BackwardCell, Wx, R, b, states, params):
+def run_reference(
+    cell: Cell,
+    bwd: BackwardCell,
+    Wx: torch.Tensor,
+    R: torch.Tensor | None,
+    b: torch.Tensor | None,
+    states: torch.Tensor,
+    params: torch.Tensor | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, last)`` of the reference backend; inputs already validated and defaulted."""
-    return ReferenceFunction.apply(cell, bwd, Wx, R, b, states, params)
+    out = ReferenceFunction.apply(cell, bwd, Wx, R, b, states, params)
+    return cast(tuple[torch.Tensor, torch.Tensor], out)

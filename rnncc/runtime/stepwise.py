@@ -21,6 +21,7 @@ import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypedDict, cast
 
 import torch
 from torch import Tensor
@@ -36,6 +37,16 @@ from rnncc.runtime.build import build_library, device_arch
 ABI_VERSION = 1
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _lock = threading.Lock()
+
+_ForwardOut = tuple[Tensor, Tensor, Tensor, Tensor]  # y, last, hist, rh
+_BackwardOut = tuple[Tensor, Tensor, Tensor, Tensor, Tensor]  # dWx, dR, db, dstates, dparams
+
+
+class _Factory(TypedDict):
+    """Keyword arguments of a tensor factory (``new_empty``)."""
+
+    dtype: torch.dtype
+    device: torch.device
 
 
 def _header_paths() -> list[Path]:
@@ -82,6 +93,8 @@ class StepwiseOps:
         self._lib = lib  # keeps the library loaded
         fwd = ctypes.cast(lib.rnncc_forward_step, ctypes.c_void_p).value
         bwd_fn = ctypes.cast(lib.rnncc_backward_step, ctypes.c_void_p).value
+        # ctypes resolved both symbols (a missing one raises AttributeError): never NULL.
+        assert fwd is not None and bwd_fn is not None
         rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
         dims = [
             len(cell.states),
@@ -95,7 +108,14 @@ class StepwiseOps:
         self.op_name = f"{cell.name}_{path.parent.name.rsplit('-', 1)[-1]}"
         self.forward_op = _define_ops(self.op_name, int(fwd), int(bwd_fn), dims)
 
-    def __call__(self, Wx, R, b, states, params):
+    def __call__(
+        self,
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        states: Tensor,
+        params: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
         inputs = [t for t in (Wx, R, b, states, params) if t is not None]
         save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
         y, last, _, _ = self.forward_op(Wx, R, b, states, params, save, self.poison)
@@ -115,7 +135,9 @@ _BACKWARD_SCHEMA = (
 )
 
 
-def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
+def _define_ops(
+    name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]
+) -> Callable[..., tuple[Tensor, ...]]:
     """Register (once per process) the ops of one cell library: schema, CUDA kernel, fake
     implementation, autograd. Registered through ``torch.library.Library`` rather than
     ``custom_op``, whose first call imports torch._dynamo (seconds) even in eager mode."""
@@ -129,24 +151,62 @@ def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
     lib.define(_FORWARD_SCHEMA.format(name=name))
     lib.define(_BACKWARD_SCHEMA.format(name=name))
 
-    def forward(Wx, R, b, states, params, save, poison):
-        return torch.ops.rnncc_host.stepwise_forward(
+    def forward(
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        states: Tensor,
+        params: Tensor | None,
+        save: bool,
+        poison: bool,
+    ) -> _ForwardOut:
+        out = torch.ops.rnncc_host.stepwise_forward(
             Wx, R, b, states, params, fwd_ptr, dims, save, poison
         )
+        return cast(_ForwardOut, out)
 
-    def forward_fake(Wx, R, b, states, params, save, poison):
+    def forward_fake(
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        states: Tensor,
+        params: Tensor | None,
+        save: bool,
+        poison: bool,
+    ) -> _ForwardOut:
         B, T, _, NH, D = Wx.shape
-        f32 = dict(dtype=torch.float32, device=Wx.device)
+        f32 = _Factory(dtype=torch.float32, device=Wx.device)
         hist = Wx.new_empty((T + 1, S, NH, B, D), **f32) if save else Wx.new_empty((0,), **f32)
         rh = Wx.new_empty((T, NH, B, Gr * D), **f32) if save and Gr else Wx.new_empty((0,), **f32)
         return Wx.new_empty((O, B, T, NH, D)), Wx.new_empty((S, B, NH, D)), hist, rh
 
-    def backward(dy, dlast, Wx, R, b, params, hist, rh, poison):
-        return torch.ops.rnncc_host.stepwise_backward(
+    def backward(
+        dy: Tensor,
+        dlast: Tensor,
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        params: Tensor | None,
+        hist: Tensor,
+        rh: Tensor,
+        poison: bool,
+    ) -> _BackwardOut:
+        out = torch.ops.rnncc_host.stepwise_backward(
             dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison
         )
+        return cast(_BackwardOut, out)
 
-    def backward_fake(dy, dlast, Wx, R, b, params, hist, rh, poison):
+    def backward_fake(
+        dy: Tensor,
+        dlast: Tensor,
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        params: Tensor | None,
+        hist: Tensor,
+        rh: Tensor,
+        poison: bool,
+    ) -> _BackwardOut:
         return (
             Wx.new_empty(Wx.shape),
             Wx.new_empty((0,)) if R is None else R.new_empty(R.shape),
@@ -161,7 +221,7 @@ def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
     torch.library.register_fake(f"rnncc::{name}_backward", backward_fake, lib=lib)
     backward_op = getattr(torch.ops.rnncc, f"{name}_backward")
 
-    def setup_context(ctx, inputs, output):
+    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
         Wx, R, b, states, params, save, poison = inputs
         _, _, hist, rh = output
         ctx.save_for_backward(Wx, R, b, params, hist, rh)
@@ -171,7 +231,13 @@ def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
         ctx.states_dtype = states.dtype
         ctx.save = save
 
-    def grad(ctx, dy, dlast, _dhist, _drh):
+    def grad(
+        ctx: Any,
+        dy: Tensor | None,
+        dlast: Tensor | None,
+        _dhist: Tensor | None,
+        _drh: Tensor | None,
+    ) -> tuple[Tensor | None, ...]:
         if not ctx.save:
             raise RuntimeError(
                 "rnncc: this forward ran without saving for backward (no input required grad)"
@@ -199,7 +265,8 @@ def _define_ops(name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]):
     torch.library.register_autograd(
         f"rnncc::{name}_forward", grad, setup_context=setup_context, lib=lib
     )
-    _defined[name] = op = getattr(torch.ops.rnncc, f"{name}_forward")
+    op: Callable[..., tuple[Tensor, ...]] = getattr(torch.ops.rnncc, f"{name}_forward")
+    _defined[name] = op
     return op
 
 
