@@ -7,7 +7,8 @@ Subcommands:
   CSE'd), or the derived backward cell;
 - ``rnncc compile FILE -o DIR [--cell NAME]`` — write DIR as an importable Python package of
   the cell (IR, backward IR and source as data; importing it runs no front end);
-- ``rnncc plan FILE --hidden H ...`` — the tiling plan of the fused kernel.
+- ``rnncc plan FILE --hidden H ...`` — the tiling plan of the fused kernel;
+- ``rnncc bench FILE --hidden H ...`` — time the cell on rnncc's backends and the baselines.
 
 User errors print compiler-style diagnostics to stderr and exit 1, never a traceback.
 """
@@ -18,9 +19,14 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from rnncc import __version__
 from rnncc.errors import Diagnostic, DslError, RnnccError
+
+if TYPE_CHECKING:  # the front end is imported when a command needs it
+    from rnncc.ir.cell import Cell
 
 
 def _read(path: str) -> str:
@@ -34,7 +40,7 @@ def _read(path: str) -> str:
         ) from None
 
 
-def _compile(path: str):
+def _compile(path: str) -> tuple[list[Cell], list[Diagnostic]]:
     from rnncc.frontend import compile_source
 
     return compile_source(_read(path), path)
@@ -45,7 +51,7 @@ def _print_warnings(diags: list[Diagnostic]) -> None:
         print(d.render(), file=sys.stderr)
 
 
-def _pick(cells, name: str | None, path: str):
+def _pick(cells: list[Cell], name: str | None, path: str) -> Cell:
     if name is None:
         if len(cells) == 1:
             return cells[0]
@@ -128,7 +134,7 @@ def _device_arch() -> str:
     return device_arch()
 
 
-def _plan_files(cell, args: argparse.Namespace) -> dict[str, str]:
+def _plan_files(cell: Cell, args: argparse.Namespace) -> dict[str, str]:
     """plan.txt and plan.json for the sizes given (the plan of the fused kernel)."""
     import json
 
@@ -217,12 +223,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_compile)
 
+    plan_command: ModuleType | None
     try:
         from rnncc.tiling import command as plan_command
     except ImportError:  # the tiling package is optional at this stage of the pipeline
         plan_command = None
     if plan_command is not None and hasattr(plan_command, "register"):
         plan_command.register(sub)
+
+    from rnncc import bench
+
+    bench.register(sub)
     return parser
 
 
