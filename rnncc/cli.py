@@ -52,16 +52,9 @@ def _print_warnings(diags: list[Diagnostic]) -> None:
 
 
 def _pick(cells: list[Cell], name: str | None, path: str) -> Cell:
-    if name is None:
-        if len(cells) == 1:
-            return cells[0]
-        names = ", ".join(c.name for c in cells)
-        raise RnnccError(f"{path} defines several cells ({names}); choose one with --cell NAME")
-    for c in cells:
-        if c.name == name:
-            return c
-    names = ", ".join(c.name for c in cells)
-    raise RnnccError(f"{path} has no cell named '{name}'; it defines: {names}")
+    from rnncc.frontend import select_cell
+
+    return select_cell(cells, name, path, how="--cell NAME")
 
 
 def cmd_check(args: argparse.Namespace) -> int:
@@ -139,22 +132,21 @@ def _plan_files(cell: Cell, args: argparse.Namespace) -> dict[str, str]:
     import json
 
     from rnncc.errors import TilingError
-    from rnncc.tiling import Problem, caps_for_arch, caps_for_device, solve
+    from rnncc.tiling.command import plan_for_sizes
 
-    if args.heads < 1 or args.hidden % args.heads:
-        raise RnnccError(f"--hidden {args.hidden} is not a multiple of --heads {args.heads}")
-    caps = caps_for_arch(args.arch) if args.arch else caps_for_device()
-    problem = Problem.from_cell(
-        cell,
-        heads=args.heads,
-        head_dim=args.hidden // args.heads,
-        batch=args.batch,
-        dtype=args.dtype,
-    )
     try:
-        plan = solve(problem, caps)
+        plan = plan_for_sizes(
+            cell,
+            hidden=args.hidden,
+            heads=args.heads,
+            batch=args.batch,
+            dtype=args.dtype,
+            arch=args.arch,
+        )
     except TilingError as err:
         return {"plan.txt": f"no fused-kernel plan (the stepwise backend runs instead):\n{err}\n"}
+    except ValueError as err:
+        raise RnnccError(str(err)) from None
     return {
         "plan.txt": plan.explain() + "\n",
         "plan.json": json.dumps(plan.as_dict(), indent=1) + "\n",

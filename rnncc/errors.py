@@ -6,6 +6,7 @@ the source line, a caret under the span); internal errors print the IR that brok
     RnnccError
     ├── DslError          errors in a ``.rnn`` source (syntax and semantics), all at once
     │   └── DslSyntaxError
+    ├── CellSelectionError  no (or an unknown) cell chosen from a file of several (a ValueError)
     ├── TilingError       no tiling plan fits the problem on the device
     ├── BuildError        the generated sources did not compile
     └── InternalError     a bug in rnncc: an invariant of the IR does not hold
@@ -80,6 +81,10 @@ class DslError(RnnccError):
 
 class DslSyntaxError(DslError):
     """The source does not parse; every diagnostic is a syntax error."""
+
+
+class CellSelectionError(RnnccError, ValueError):
+    """A file holds several cells and none, or an unknown one, was chosen."""
 
 
 class TilingError(RnnccError):

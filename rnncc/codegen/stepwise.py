@@ -43,9 +43,7 @@ def _used_leaves(roots: list[Node]) -> set[tuple[str, str]]:
 
 def _leaf_loads(cell: Cell, used: set[tuple[str, str]], state_buf: str) -> list[str]:
     """Load lines for the leaves in ``used``, in declaration order."""
-    ix = {g: k for k, g in enumerate(cell.gx_names)}
-    ir = {g: k for k, g in enumerate(cell.gr_names)}
-    ib = {g: k for k, g in enumerate(cell.gb_names)}
+    ix, ir, ib = (cell.part_index(p) for p in ("x", "r", "b"))
     lines = []
     for k, s in enumerate(cell.state_names):
         if ("state", s) in used:
@@ -109,9 +107,7 @@ def backward_lines(bwd: BackwardCell) -> list[str]:
     lines.append("// cotangents of the old states, the gates and the params")
     for k, s in enumerate(cell.state_names):
         lines.append(f"a.ds_old[{k} * NBD + i] = {results[('state', s)]};")
-    ix = {g: k for k, g in enumerate(cell.gx_names)}
-    ir = {g: k for k, g in enumerate(cell.gr_names)}
-    ib = {g: k for k, g in enumerate(cell.gb_names)}
+    ix, ir, ib = (cell.part_index(p) for p in ("x", "r", "b"))
     for gate in cell.gates:
         g = gate.name
         lines.append(f"const float d_{g} = {results[('gate', g)]};")

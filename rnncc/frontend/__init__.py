@@ -12,12 +12,12 @@ from pprint import pformat
 
 from rnncc.config import get_config
 from rnncc.dump import dump
-from rnncc.errors import Diagnostic, Source
+from rnncc.errors import CellSelectionError, Diagnostic, Source
 from rnncc.frontend.lower import lower
 from rnncc.frontend.parse import parse
 from rnncc.ir.cell import Cell
 
-__all__ = ["compile_file", "compile_source"]
+__all__ = ["compile_file", "compile_source", "select_cell"]
 
 
 def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[Diagnostic]]:
@@ -37,3 +37,17 @@ def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[
 def compile_file(path: str | Path) -> tuple[list[Cell], list[Diagnostic]]:
     """``compile_source`` of a file's contents, reported under the path as given."""
     return compile_source(Path(path).read_text(encoding="utf-8"), str(path))
+
+
+def select_cell(cells: list[Cell], name: str | None, where: str, *, how: str) -> Cell:
+    """The cell called ``name`` (or the only one); ``how`` tells the user how to choose, e.g.
+    ``--cell NAME``. Raises ``CellSelectionError`` listing the cells otherwise."""
+    names = ", ".join(c.name for c in cells)
+    if name is None:
+        if len(cells) == 1:
+            return cells[0]
+        raise CellSelectionError(f"{where} defines several cells ({names}); choose one with {how}")
+    for c in cells:
+        if c.name == name:
+            return c
+    raise CellSelectionError(f"{where} has no cell named '{name}'; it defines: {names}")

@@ -100,6 +100,10 @@ class Cell:
         """Gates with a ``b`` term: the order of ``b``'s first axis."""
         return self._gates_with("b")
 
+    def part_index(self, part: str) -> dict[str, int]:
+        """Gate name → its index on the axis of ``part`` (``x``: Wx, ``r``: R, ``b``: b)."""
+        return {g: k for k, g in enumerate(self._gates_with(part))}
+
     @property
     def state_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.states)

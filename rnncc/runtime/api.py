@@ -26,7 +26,7 @@ import torch
 from rnncc.autodiff import derive_backward
 from rnncc.dump import dump
 from rnncc.errors import Diagnostic, TilingError
-from rnncc.frontend import compile_source
+from rnncc.frontend import compile_source, select_cell
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
@@ -207,19 +207,6 @@ class CompiledCell:
         return "reference"
 
 
-def _pick(cells: list[Cell], cell: str | None, where: str) -> Cell:
-    if cell is None:
-        if len(cells) == 1:
-            return cells[0]
-        names = ", ".join(c.name for c in cells)
-        raise ValueError(f"{where} defines several cells ({names}); choose one with cell='name'")
-    for c in cells:
-        if c.name == cell:
-            return c
-    names = ", ".join(c.name for c in cells)
-    raise ValueError(f"{where} has no cell named {cell!r}; it defines: {names}")
-
-
 def _emit(diags: list[Diagnostic], stacklevel: int) -> tuple[Diagnostic, ...]:
     for d in diags:
         warnings.warn(d.render(), RnnccWarning, stacklevel=stacklevel + 1)
@@ -228,7 +215,7 @@ def _emit(diags: list[Diagnostic], stacklevel: int) -> tuple[Diagnostic, ...]:
 
 def _load(text: str, cell: str | None, path: str, stacklevel: int) -> CompiledCell:
     cells, diags = compile_source(text, path)
-    chosen = _pick(cells, cell, path)
+    chosen = select_cell(cells, cell, path, how="cell='name'")
     return CompiledCell(chosen, _emit(diags, stacklevel + 1))
 
 

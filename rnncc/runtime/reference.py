@@ -70,9 +70,7 @@ class _Step:
         self.cell = cell
         self.Wx, self.R, self.b, self.params = Wx, R, b, params
         self.cdtype = cdtype
-        self.ix = {g: k for k, g in enumerate(cell.gx_names)}
-        self.ir = {g: k for k, g in enumerate(cell.gr_names)}
-        self.ib = {g: k for k, g in enumerate(cell.gb_names)}
+        self.ix, self.ir, self.ib = (cell.part_index(p) for p in ("x", "r", "b"))
         self.rec = cell.state_names.index(cell.recurrent) if cell.recurrent else None
 
     def gates(self, t: int, states: list[torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -185,8 +183,7 @@ class ReferenceFunction(torch.autograd.Function):
         dR = None if R is None else torch.zeros(R.shape, dtype=cdtype, device=Wx.device)
         db = None if b is None else torch.zeros(b.shape, dtype=cdtype, device=Wx.device)
         dp = None if params is None else torch.zeros(params.shape, dtype=cdtype, device=Wx.device)
-        ix = {g: k for k, g in enumerate(cell.gx_names)}
-        ib = {g: k for k, g in enumerate(cell.gb_names)}
+        ix, ib = step.ix, step.ib
         rec = step.rec
         roots = list(bwd.roots)
         ns, ng = len(bwd.d_states), len(bwd.d_gates)

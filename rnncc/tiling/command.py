@@ -21,6 +21,7 @@ from typing import Any
 
 from rnncc.errors import TilingError
 from rnncc.tiling.hardware import HardwareCaps, caps_for_arch, caps_for_device
+from rnncc.tiling.plan import TilingPlan
 from rnncc.tiling.problem import DTYPES, Problem
 from rnncc.tiling.solve import solve
 
@@ -53,24 +54,34 @@ def _caps(arch: str | None) -> HardwareCaps:
     return caps_for_arch(arch) if arch else caps_for_device()
 
 
+def plan_for_sizes(
+    cell: Any, *, hidden: int, heads: int, batch: int, dtype: str, arch: str | None
+) -> TilingPlan:
+    """The best plan for ``cell`` (the IR) at these sizes on ``arch`` (default: this GPU);
+    raises ``ValueError`` for sizes that do not split into heads, ``TilingError`` when
+    nothing fits."""
+    if heads < 1 or hidden < 1 or hidden % heads:
+        raise ValueError(f"--hidden {hidden} is not a positive multiple of --heads {heads}")
+    caps = _caps(arch)
+    problem = Problem.from_cell(
+        cell, heads=heads, head_dim=hidden // heads, batch=batch, dtype=dtype
+    )
+    return solve(problem, caps)
+
+
 def run(args: argparse.Namespace) -> int:
     """Print the plan; 0 on success, 1 (message on stderr) when there is none."""
     try:
-        if args.heads < 1 or args.hidden < 1 or args.hidden % args.heads:
-            raise TilingError(
-                f"--hidden {args.hidden} is not a positive multiple of --heads {args.heads}"
-            )
-        caps = _caps(args.arch)
         rnncc = importlib.import_module("rnncc")
         cell = rnncc.load(args.file, cell=args.cell).ir
-        problem = Problem.from_cell(
+        plan = plan_for_sizes(
             cell,
+            hidden=args.hidden,
             heads=args.heads,
-            head_dim=args.hidden // args.heads,
             batch=args.batch,
             dtype=args.dtype,
+            arch=args.arch,
         )
-        plan = solve(problem, caps)
     except (TilingError, ValueError) as err:
         print(f"rnncc plan: error: {err}", file=sys.stderr)
         return 1
