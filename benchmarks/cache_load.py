@@ -38,7 +38,7 @@ s = cell.shapes(4, 16, 2, 32)
 g = torch.Generator(device="cuda").manual_seed(0)
 args = [None if s[k] is None else torch.randn(s[k], device="cuda", generator=g, dtype=torch.bfloat16)
         for k in ("Wx", "R", "b")]
-cell._stepwise_ops(args[0].device)
+cell.prepare(args[0].device)
 t2 = time.perf_counter()
 y, last = cell(*args, backend="stepwise")
 torch.cuda.synchronize()

@@ -118,21 +118,21 @@ def build_all(cells: dict[str, Any]) -> dict[str, Any]:
     import torch
 
     from rnncc.config import get_config
-    from rnncc.runtime.stepwise import StepwiseOps, arch_of
+    from rnncc.runtime.stepwise import arch_of
 
     log = get_config().cache_dir / "builds.log"
     before = len(log.read_text().splitlines()) if log.exists() else 0
     arch = arch_of(torch.cuda.current_device())
 
-    def one(cell: Any) -> tuple[Any, Any, float]:
+    def one(cell: Any) -> tuple[Any, float]:
         t = time.perf_counter()
-        return cell, StepwiseOps(cell.ir, cell.backward_ir, arch), time.perf_counter() - t
+        cell.prepare("cuda")
+        return cell, time.perf_counter() - t
 
     t0 = time.perf_counter()
     per_cell = {}
     with ThreadPoolExecutor(max_workers=len(cells)) as pool:
-        for cell, ops, seconds in pool.map(one, cells.values()):
-            cell._stepwise[arch] = ops
+        for cell, seconds in pool.map(one, cells.values()):
             per_cell[cell.name] = round(seconds, 2)
     built = log.read_text().splitlines()[before:] if log.exists() else []
     return {

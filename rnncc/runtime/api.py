@@ -157,6 +157,11 @@ class CompiledCell:
             return self._stepwise_ops(Wx.device)(Wx, R, b, states, params)
         return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
 
+    def prepare(self, device: torch.device | str = "cuda") -> None:
+        """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at the
+        first call; safe to call from several threads for different cells at once."""
+        self._stepwise_ops(torch.device(device))
+
     def _stepwise_ops(self, device: torch.device) -> StepwiseOps:
         from rnncc.runtime.stepwise import StepwiseOps, arch_of
 

@@ -106,7 +106,8 @@ class StepwiseOps:
             rec,
         ]
         self.op_name = f"{cell.name}_{path.parent.name.rsplit('-', 1)[-1]}"
-        self.forward_op = _define_ops(self.op_name, int(fwd), int(bwd_fn), dims)
+        with _lock:  # op registration mutates one shared torch.library.Library
+            self.forward_op = _define_ops(self.op_name, int(fwd), int(bwd_fn), dims)
 
     def __call__(
         self,

@@ -38,14 +38,9 @@ def cells():
     """Every example, with the stepwise libraries of all built up front (in parallel)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rnncc.runtime.stepwise import StepwiseOps, arch_of
-
     loaded = {p.stem: rnncc.load(p) for p in EXAMPLES}
-    arch = arch_of(torch.cuda.current_device())
     with override(poison=True), ThreadPoolExecutor(max_workers=16) as pool:
-        built = pool.map(lambda c: (c, StepwiseOps(c.ir, c.backward_ir, arch)), loaded.values())
-        for cell, ops in built:
-            cell._stepwise[arch] = ops
+        list(pool.map(lambda c: c.prepare("cuda"), loaded.values()))
     return loaded
 
 
