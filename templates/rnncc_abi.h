@@ -11,7 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 1
+#define RNNCC_ABI_VERSION 2
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -41,3 +41,23 @@ typedef struct rnncc_step_args {
 
 // A launcher: enqueues one step on `stream`; returns a cudaError_t (0: success).
 typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);
+
+// The fused forward: the whole sequence in one launch (rnncc_fused_forward). Layouts as
+// above, plus: states, last [S, B, NH, D] storage; R [Gr, NH, D, D] storage (out x in);
+// hist [T + 1, S, NH, B, D] float32 and rh [T, NH, B, Gr * D] float32, both written only
+// when not null (they are what the backward reads).
+typedef struct rnncc_fused_args {
+  int B, T, NH, D;
+  int dtype;
+  const void* Wx;
+  const void* R;
+  const void* bias;
+  const void* params;
+  const void* states;
+  void* y;
+  void* last;
+  float* hist;
+  float* rh;
+} rnncc_fused_args;
+
+typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, cudaStream_t stream);

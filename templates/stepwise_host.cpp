@@ -169,6 +169,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
   return {dWx, dR, db, dstates, dparams};
 }
 
+// The fused forward: one launch for the whole sequence; outputs laid out as stepwise_forward's
+// (hist and rh only when save), so stepwise_backward serves as its backward.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
+    const at::Tensor& Wx_, const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
+    const at::Tensor& states_, const c10::optional<at::Tensor>& params_, int64_t fn,
+    at::IntArrayRef dims, bool save, bool poison_outputs) {
+  const Dims k(dims);
+  c10::cuda::CUDAGuard guard(Wx_.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor Wx = Wx_.contiguous(), R = opt(R_), bias = opt(b_), params = opt(params_);
+  const at::Tensor states = states_.contiguous();
+  const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
+  const auto f32 = Wx.options().dtype(at::kFloat);
+  at::Tensor y = at::empty({k.O, B, T, NH, D}, Wx.options());
+  at::Tensor last = at::empty({k.S, B, NH, D}, Wx.options());
+  at::Tensor hist = save ? at::empty({T + 1, k.S, NH, B, D}, f32) : at::empty({0}, f32);
+  at::Tensor rh = save && k.Gr ? at::empty({T, NH, B, k.Gr * D}, f32) : at::empty({0}, f32);
+  if (poison_outputs) {
+    poison(y);
+    poison(last);
+    poison(hist);
+    poison(rh);
+  }
+  rnncc_fused_args a{};
+  a.B = B; a.T = T; a.NH = NH; a.D = D;
+  a.dtype = dtype_code(Wx.scalar_type());
+  a.Wx = cptr(Wx); a.R = cptr(R); a.bias = cptr(bias); a.params = cptr(params);
+  a.states = cptr(states);
+  a.y = mptr(y); a.last = mptr(last);
+  a.hist = save ? fptr(hist) : nullptr;
+  a.rh = save && k.Gr ? fptr(rh) : nullptr;
+  const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
+  TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+  return {y, last, hist, rh};
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rnncc_host, m) {
@@ -179,10 +216,14 @@ TORCH_LIBRARY(rnncc_host, m) {
       "stepwise_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
       "Tensor? params, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "fused_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, int fn, "
+      "int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
 }
 
 TORCH_LIBRARY_IMPL(rnncc_host, CUDA, m) {
   m.impl("stepwise_forward", &stepwise_forward);
   m.impl("stepwise_backward", &stepwise_backward);
+  m.impl("fused_forward", &fused_forward);
 }

@@ -126,11 +126,16 @@ def test_baseline_detection_lstm_gru_not_slstm():
     assert bench.detect_baseline(rnncc.load(EXAMPLES / "lstm.rnn").ir, ROOT / "nowhere") is None
 
 
-def test_unavailable_and_failing_systems_become_records():
+def test_unavailable_and_failing_systems_become_records(monkeypatch):
     import rnncc
 
     cell = rnncc.load(EXAMPLES / "lstm.rnn")
     case = Case("lstm", 2, 3, 1, 4, "fp32")
+
+    def no_fused_kernel(*args, **kwargs):
+        raise rnncc.TilingError("cell 'lstm': no fused kernel for head dim 4: (test)")
+
+    monkeypatch.setattr(cell, "_choose", no_fused_kernel)
     fused = bench.time_workload(
         "rnncc-fused",
         lambda: bench.cell_workload(cell, case, "fused", "cpu"),

@@ -37,43 +37,72 @@ def leaf_name(node: Node) -> str:
     return _LEAF_PREFIX[node.op] + str(node.arg)
 
 
-def _used_leaves(roots: list[Node]) -> set[tuple[str, str]]:
+def used_leaves(roots: list[Node]) -> set[tuple[str, str]]:
     return {(n.op, n.arg) for n in toposort(roots) if n.is_leaf and n.op != "const"}
 
 
-def _leaf_loads(cell: Cell, used: set[tuple[str, str]], state_buf: str) -> list[str]:
+@dataclass(frozen=True)
+class LeafSpelling:
+    """How a kernel reads each kind of leaf: format strings over ``{k}``, the leaf's index on
+    its axis (state, param, or gate index within ``W x`` / ``R h`` / ``b``)."""
+
+    state: str
+    wx: str
+    rh: str
+    bias: str
+    param: str
+
+
+#: The stepwise kernels: one thread per element, states in global memory.
+STEPWISE_LEAVES = LeafSpelling(
+    state="a.s_old[{k} * NBD + i]",
+    wx="rnncc::to_float(Wx[{k} * NHD])",
+    rh="Rh[{k} * a.D]",
+    bias="rnncc::to_float(bias[{k} * NHD])",
+    param="rnncc::to_float(prm[{k} * NHD])",
+)
+
+
+def leaf_loads(cell: Cell, used: set[tuple[str, str]], spell: LeafSpelling) -> list[str]:
     """Load lines for the leaves in ``used``, in declaration order."""
     ix, ir, ib = (cell.part_index(p) for p in ("x", "r", "b"))
     lines = []
     for k, s in enumerate(cell.state_names):
         if ("state", s) in used:
-            lines.append(f"const float s_{s} = a.{state_buf}[{k} * NBD + i];")
+            lines.append(f"const float s_{s} = {spell.state.format(k=k)};")
     for gate in cell.gates:
         g = gate.name
         if ("gate", g) not in used:
             continue
         parts = []
         if g in ix:
-            parts.append(f"rnncc::to_float(Wx[{ix[g]} * NHD])")
+            parts.append(spell.wx.format(k=ix[g]))
         if g in ir:
-            parts.append(f"Rh[{ir[g]} * a.D]")
+            parts.append(spell.rh.format(k=ir[g]))
         if g in ib:
-            parts.append(f"rnncc::to_float(bias[{ib[g]} * NHD])")
+            parts.append(spell.bias.format(k=ib[g]))
         lines.append(f"const float g_{g} = {' + '.join(parts)};")
     for k, p in enumerate(cell.param_names):
         if ("param", p) in used:
-            lines.append(f"const float p_{p} = rnncc::to_float(prm[{k} * NHD]);")
+            lines.append(f"const float p_{p} = {spell.param.format(k=k)};")
+    return lines
+
+
+def update_lines(cell: Cell, spell: LeafSpelling) -> list[str]:
+    """Leaf loads, the cell, and ``const float new_<state> = ...;`` for every state."""
+    roots = [n for _, n in cell.updates]
+    body = render_body(roots, leaf_name)
+    lines = ["// leaves", *leaf_loads(cell, used_leaves(roots), spell), "// the cell"]
+    lines += body.lines
+    lines.append("// new states")
+    for (s, _), expr in zip(cell.updates, body.results, strict=True):
+        lines.append(f"const float new_{s} = {expr};")
     return lines
 
 
 def forward_lines(cell: Cell) -> list[str]:
-    roots = [n for _, n in cell.updates]
-    body = render_body(roots, leaf_name)
-    lines = ["// leaves", *_leaf_loads(cell, _used_leaves(roots), "s_old"), "// the cell"]
-    lines += body.lines
-    lines.append("// new states and outputs")
-    for (s, _), expr in zip(cell.updates, body.results, strict=True):
-        lines.append(f"const float new_{s} = {expr};")
+    lines = update_lines(cell, STEPWISE_LEAVES)
+    lines.append("// stores")
     for k, s in enumerate(cell.state_names):
         lines.append(f"a.s_new[{k} * NBD + i] = new_{s};")
     for o, s in enumerate(cell.outputs):
@@ -85,8 +114,8 @@ def backward_lines(bwd: BackwardCell) -> list[str]:
     cell = bwd.forward
     roots = list(bwd.roots)
     body = render_body(roots, leaf_name)
-    used = _used_leaves(roots)
-    lines = ["// leaves", *_leaf_loads(cell, used, "s_old")]
+    used = used_leaves(roots)
+    lines = ["// leaves", *leaf_loads(cell, used, STEPWISE_LEAVES)]
     for k, s in enumerate(cell.state_names):
         if ("dstate", s) in used:
             lines.append(f"const float dn_{s} = a.ds_new[{k} * NBD + i];")

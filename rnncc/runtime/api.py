@@ -33,10 +33,10 @@ from rnncc.runtime.reference import initial_params, initial_states, run_referenc
 from rnncc.runtime.validate import validate
 
 if TYPE_CHECKING:  # the stepwise backend is imported on first use, in _stepwise_ops
-    from rnncc.runtime.stepwise import StepwiseOps
+    from rnncc.runtime.stepwise import FusedOps, StepwiseOps
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
-_STEPWISE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 class RnnccWarning(UserWarning):
@@ -60,6 +60,7 @@ class CompiledCell:
         self.last_backend: str | None = None
         self._warned: set[str] = set()
         self._stepwise: dict[str, StepwiseOps] = {}
+        self._fused: dict[tuple[str, int], FusedOps] = {}
 
     # ---- description ---------------------------------------------------------------------
     @property
@@ -151,24 +152,50 @@ class CompiledCell:
             states = initial_states(self.ir, sizes.B, sizes.NH, sizes.D, Wx.dtype, Wx.device)
         if params is None and self.ir.params:
             params = initial_params(self.ir, sizes.NH, sizes.D, Wx.dtype, Wx.device)
-        chosen = self._choose(backend, Wx)
+        chosen = self._choose(backend, Wx, sizes.D)
         self.last_backend = chosen
+        if chosen == "fused":
+            return self._fused_ops(Wx.device, sizes.D)(Wx, R, b, states, params)
         if chosen == "stepwise":
             return self._stepwise_ops(Wx.device)(Wx, R, b, states, params)
         return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
 
-    def prepare(self, device: torch.device | str = "cuda") -> None:
+    def fused_support(self, head_dim: int) -> str | None:
+        """None when the fused kernel runs this cell at ``head_dim``; else why it does not."""
+        from rnncc.codegen.fused import fused_support
+
+        return fused_support(self.ir, head_dim)
+
+    def prepare(self, device: torch.device | str = "cuda", head_dim: int | None = None) -> None:
         """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at the
-        first call; safe to call from several threads for different cells at once."""
-        self._stepwise_ops(torch.device(device))
+        first call — with ``head_dim``, also the fused kernel when it supports that size. Safe
+        to call from several threads for different cells at once."""
+        dev = torch.device(device)
+        self._stepwise_ops(dev)
+        if head_dim is not None and self.fused_support(head_dim) is None:
+            self._fused_ops(dev, head_dim)
+
+    def _arch(self, device: torch.device) -> str:
+        from rnncc.runtime.stepwise import arch_of
+
+        return arch_of(device.index if device.index is not None else torch.cuda.current_device())
 
     def _stepwise_ops(self, device: torch.device) -> StepwiseOps:
-        from rnncc.runtime.stepwise import StepwiseOps, arch_of
+        from rnncc.runtime.stepwise import StepwiseOps
 
-        arch = arch_of(device.index if device.index is not None else torch.cuda.current_device())
+        arch = self._arch(device)
         ops = self._stepwise.get(arch)
         if ops is None:
             ops = self._stepwise[arch] = StepwiseOps(self.ir, self.backward_ir, arch)
+        return ops
+
+    def _fused_ops(self, device: torch.device, head_dim: int) -> FusedOps:
+        from rnncc.runtime.stepwise import FusedOps
+
+        key = (self._arch(device), head_dim)
+        ops = self._fused.get(key)
+        if ops is None:
+            ops = self._fused[key] = FusedOps(self.ir, self.backward_ir, key[0], head_dim)
         return ops
 
     def _warn_once(self, key: str, message: str) -> None:
@@ -176,37 +203,42 @@ class CompiledCell:
             self._warned.add(key)
             warnings.warn(f"rnncc: cell '{self.name}': {message}", RnnccWarning, stacklevel=4)
 
-    def _choose(self, backend: str, Wx: torch.Tensor) -> str:
+    def _choose(self, backend: str, Wx: torch.Tensor, head_dim: int) -> str:
         on_cuda = Wx.device.type == "cuda"
-        if backend == "fused":
-            raise TilingError(
-                f"cell '{self.name}': the fused persistent kernel is not available in this "
-                "version of rnncc; use backend='stepwise' (or 'auto')"
-            )
-        if backend == "stepwise":
+        if backend in ("stepwise", "fused"):
             if not on_cuda:
                 raise ValueError(
-                    f"backend='stepwise' runs on CUDA tensors; Wx is on {Wx.device} "
+                    f"backend='{backend}' runs on CUDA tensors; Wx is on {Wx.device} "
                     "(use backend='reference' on the CPU)"
                 )
-            if Wx.dtype not in _STEPWISE_DTYPES:
+            if Wx.dtype not in _CUDA_DTYPES:
                 raise ValueError(
-                    f"backend='stepwise' stores float32, float16 or bfloat16; Wx has dtype "
+                    f"backend='{backend}' stores float32, float16 or bfloat16; Wx has dtype "
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
-            return "stepwise"
+            if backend == "fused":
+                reason = self.fused_support(head_dim)
+                if reason is not None:
+                    raise TilingError(
+                        f"cell '{self.name}': no fused kernel for head dim {head_dim}: {reason}; "
+                        "use backend='stepwise' (or 'auto')"
+                    )
+            return backend
         if backend == "auto" and on_cuda:
-            if Wx.dtype not in _STEPWISE_DTYPES:
+            if Wx.dtype not in _CUDA_DTYPES:
                 self._warn_once(
                     "reference",
                     f"{Wx.dtype} on {Wx.device} runs on the reference backend (a Python loop "
                     "over time steps); the CUDA backends store float32, float16 or bfloat16",
                 )
                 return "reference"
+            reason = self.fused_support(head_dim)
+            if reason is None:
+                return "fused"
             self._warn_once(
-                "stepwise",
-                "the fused persistent kernel is not available in this version; running the "
-                "stepwise backend (one matrix product and one kernel launch per step)",
+                f"stepwise-{head_dim}",
+                f"no fused kernel for head dim {head_dim} ({reason}); running the stepwise "
+                "backend (one matrix product and one kernel launch per step)",
             )
             return "stepwise"
         return "reference"

@@ -26,15 +26,16 @@ from typing import Any, TypedDict, cast
 import torch
 from torch import Tensor
 
+from rnncc.codegen.fused import fused_support, generate_fused
 from rnncc.codegen.stepwise import HEADERS, generate_stepwise
 from rnncc.config import get_config
 from rnncc.dump import dump
-from rnncc.errors import BuildError
+from rnncc.errors import BuildError, TilingError
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _lock = threading.Lock()
 
@@ -76,7 +77,27 @@ def build_cell_library(cell: Cell, bwd: BackwardCell, arch: str) -> Path:
     )
 
 
-class StepwiseOps:
+class _CellOps:
+    """A cell's registered forward op, called like the cell (inputs validated already)."""
+
+    forward_op: Callable[..., tuple[Tensor, ...]]
+    poison: bool
+
+    def __call__(
+        self,
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        states: Tensor,
+        params: Tensor | None,
+    ) -> tuple[Tensor, Tensor]:
+        inputs = [t for t in (Wx, R, b, states, params) if t is not None]
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        y, last, _, _ = self.forward_op(Wx, R, b, states, params, save, self.poison)
+        return y, last
+
+
+class StepwiseOps(_CellOps):
     """The stepwise backend of one cell on one arch; see the module docstring."""
 
     def __init__(self, cell: Cell, bwd: BackwardCell, arch: str):
@@ -105,22 +126,43 @@ class StepwiseOps:
             len(cell.params),
             rec,
         ]
+        self.dims, self.backward_ptr = dims, int(bwd_fn)
         self.op_name = f"{cell.name}_{path.parent.name.rsplit('-', 1)[-1]}"
         with _lock:  # op registration mutates one shared torch.library.Library
             self.forward_op = _define_ops(self.op_name, int(fwd), int(bwd_fn), dims)
 
-    def __call__(
-        self,
-        Wx: Tensor,
-        R: Tensor | None,
-        b: Tensor | None,
-        states: Tensor,
-        params: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:
-        inputs = [t for t in (Wx, R, b, states, params) if t is not None]
-        save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-        y, last, _, _ = self.forward_op(Wx, R, b, states, params, save, self.poison)
-        return y, last
+
+class FusedOps(_CellOps):
+    """The fused persistent forward (block tier) of one cell for one head dim, with the
+    stepwise backward: the fused kernel saves the same per-step states and R·h products."""
+
+    def __init__(self, cell: Cell, bwd: BackwardCell, arch: str, D: int):
+        reason = fused_support(cell, D)
+        if reason is not None:
+            raise TilingError(f"cell '{cell.name}': no fused kernel for head dim {D}: {reason}")
+        self.stepwise = StepwiseOps(cell, bwd, arch)
+        self.poison = self.stepwise.poison
+        src = generate_fused(cell, D)
+        dump(cell.name, f"fused_d{D}.cu", src.text)
+        path = build_library(
+            f"rnncc_{cell.name}_fused_d{D}",
+            {src.filename: src.text},
+            arch=arch,
+            headers=_header_paths(),
+        )
+        lib = ctypes.CDLL(str(path))
+        if lib.rnncc_abi_version() != ABI_VERSION:
+            raise BuildError(
+                f"fused library {path} has ABI {lib.rnncc_abi_version()}, expected {ABI_VERSION}"
+            )
+        self._lib = lib
+        fwd = ctypes.cast(lib.rnncc_fused_forward, ctypes.c_void_p).value
+        assert fwd is not None
+        name = f"{self.stepwise.op_name}_fused_{path.parent.name.rsplit('-', 1)[-1]}"
+        with _lock:
+            self.forward_op = _define_ops(
+                name, int(fwd), self.stepwise.backward_ptr, self.stepwise.dims, "fused_forward"
+            )
 
 
 _defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
@@ -137,11 +179,13 @@ _BACKWARD_SCHEMA = (
 
 
 def _define_ops(
-    name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int]
+    name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int], host_forward: str = "stepwise_forward"
 ) -> Callable[..., tuple[Tensor, ...]]:
     """Register (once per process) the ops of one cell library: schema, CUDA kernel, fake
-    implementation, autograd. Registered through ``torch.library.Library`` rather than
-    ``custom_op``, whose first call imports torch._dynamo (seconds) even in eager mode."""
+    implementation, autograd. ``host_forward`` names the host loop's forward
+    (``stepwise_forward`` or ``fused_forward``: same outputs, so one backward serves both).
+    Registered through ``torch.library.Library`` rather than ``custom_op``, whose first call
+    imports torch._dynamo (seconds) even in eager mode."""
     global _library
     if name in _defined:
         return _defined[name]
@@ -161,7 +205,7 @@ def _define_ops(
         save: bool,
         poison: bool,
     ) -> _ForwardOut:
-        out = torch.ops.rnncc_host.stepwise_forward(
+        out = getattr(torch.ops.rnncc_host, host_forward)(
             Wx, R, b, states, params, fwd_ptr, dims, save, poison
         )
         return cast(_ForwardOut, out)

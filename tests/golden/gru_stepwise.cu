@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float v_z = rnncc_sigmoid(g_xz + g_hz);
   const float v_r = rnncc_sigmoid(g_xr + g_hr);
   const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-  // new states and outputs
+  // new states
   const float new_h = (1.0f - v_z) * v_n + v_z * s_h;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);
   (void)yO;

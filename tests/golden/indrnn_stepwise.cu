@@ -63,8 +63,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float g_a = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
   const float p_u = rnncc::to_float(prm[0 * NHD]);
   // the cell
-  // new states and outputs
+  // new states
   const float new_h = rnncc_relu(g_a + p_u * s_h);
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);
   (void)yO;

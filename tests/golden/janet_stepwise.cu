@@ -63,8 +63,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float g_f = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
   const float g_z = rnncc::to_float(Wx[1 * NHD]) + Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
   // the cell
-  // new states and outputs
+  // new states
   const float new_h = rnncc_sigmoid(g_f) * s_h + (1.0f - rnncc_sigmoid(g_f - 1.0f)) * rnncc_tanh(g_z);
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);
   (void)yO;

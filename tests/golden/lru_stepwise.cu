@@ -68,8 +68,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float p_nu_log = rnncc::to_float(prm[0 * NHD]);
   // the cell
   const float v_lam = rnncc_exp(-rnncc_exp(p_nu_log));
-  // new states and outputs
+  // new states
   const float new_h = v_lam * s_h + rnncc_sqrt(1.0f - v_lam * v_lam) * g_u;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);
   (void)yO;

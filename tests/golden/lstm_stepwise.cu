@@ -70,9 +70,10 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float g_o = rnncc::to_float(Wx[3 * NHD]) + Rh[3 * a.D] + rnncc::to_float(bias[3 * NHD]);
   // the cell
   const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
-  // new states and outputs
+  // new states
   const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);
   const float new_c = v_t0;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   a.s_new[1 * NBD + i] = new_c;
   y[0 * yO] = rnncc::from_float<T>(new_h);

@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   // the cell
   const float v_f = rnncc_sigmoid(g_xf + g_hf);
   const float v_n = rnncc_tanh(g_xn + v_f * g_hn);
-  // new states and outputs
+  // new states
   const float new_h = (1.0f - v_f) * s_h + v_f * v_n;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);
   (void)yO;

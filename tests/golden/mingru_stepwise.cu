@@ -67,8 +67,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   // the cell
   const float v_z = rnncc_sigmoid(g_kz);
   const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : rnncc_sigmoid(g_kh));
-  // new states and outputs
+  // new states
   const float new_h = (1.0f - v_z) * s_h + v_z * v_candidate;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);
   (void)yO;

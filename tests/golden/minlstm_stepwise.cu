@@ -69,8 +69,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   // the cell
   const float v_d = rnncc_softplus(-g_kf) - rnncc_softplus(-g_ki);
   const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : rnncc_sigmoid(g_kh));
-  // new states and outputs
+  // new states
   const float new_h = rnncc_exp(-rnncc_softplus(v_d)) * s_h + rnncc_exp(-rnncc_softplus(-v_d)) * v_candidate;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);
   (void)yO;

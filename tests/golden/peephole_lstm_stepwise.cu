@@ -82,9 +82,10 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float v_fg = rnncc_sigmoid(g_f + p_p_f * s_c);
   const float v_ig = rnncc_sigmoid(g_i + p_p_i * s_c);
   const float v_t0 = v_fg * s_c + v_ig * rnncc_tanh(g_z);
-  // new states and outputs
+  // new states
   const float new_h = rnncc_sigmoid(g_o + p_p_o * v_t0) * rnncc_tanh(v_t0);
   const float new_c = v_t0;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   a.s_new[1 * NBD + i] = new_c;
   y[0 * yO] = rnncc::from_float<T>(new_h);

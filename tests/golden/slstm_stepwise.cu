@@ -86,11 +86,12 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float v_ig = rnncc_exp(g_i - v_m_new);
   const float v_t1 = v_fg * s_c + v_ig * rnncc_tanh(g_z);
   const float v_t2 = v_fg * s_n + v_ig;
-  // new states and outputs
+  // new states
   const float new_h = rnncc_sigmoid(g_o) * v_t1 / v_t2;
   const float new_c = v_t1;
   const float new_n = v_t2;
   const float new_m = v_m_new;
+  // stores
   a.s_new[0 * NBD + i] = new_h;
   a.s_new[1 * NBD + i] = new_c;
   a.s_new[2 * NBD + i] = new_n;

@@ -79,9 +79,10 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
   const float v_t0 = v_fg * s_c + (1.0f - v_fg) * g_z;
   const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
-  // new states and outputs
+  // new states
   const float new_c = v_t0;
   const float new_h = v_rg * v_t0 + (1.0f - v_rg) * g_xs;
+  // stores
   a.s_new[0 * NBD + i] = new_c;
   a.s_new[1 * NBD + i] = new_h;
   y[0 * yO] = rnncc::from_float<T>(new_h);

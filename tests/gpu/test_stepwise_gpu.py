@@ -21,6 +21,17 @@ EXAMPLES = sorted((ROOT / "examples").glob("*.rnn"))
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INPUTS = ("Wx", "R", "b", "states", "params")
 
+FUSED_CASES = pairwise(
+    {
+        "example": [p.stem for p in EXAMPLES],
+        "dtype": list(DTYPES),
+        "B": [1, 3, 16, 35],
+        "D": [8, 24, 64],
+        "NH": [1, 3],
+        "T": [1, 7, 300],
+    }
+)
+
 CASES = pairwise(
     {
         "example": [p.stem for p in EXAMPLES],
@@ -39,8 +50,9 @@ def cells():
     from concurrent.futures import ThreadPoolExecutor
 
     loaded = {p.stem: rnncc.load(p) for p in EXAMPLES}
+    jobs = [(c, D) for c in loaded.values() for D in (8, 16, 24, 64)]
     with override(poison=True), ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(lambda c: c.prepare("cuda"), loaded.values()))
+        list(pool.map(lambda job: job[0].prepare("cuda", head_dim=job[1]), jobs))
     return loaded
 
 
@@ -53,10 +65,21 @@ def _run(cell, x, backend, cot):
     return y, last, dict(zip(names, grads, strict=True))
 
 
-@pytest.mark.parametrize(
-    "case", CASES, ids=lambda c: "-".join(f"{k}{v}" if k != "example" else v for k, v in c.items())
-)
+def _case_id(c: dict) -> str:
+    return "-".join(f"{k}{v}" if k != "example" else v for k, v in c.items())
+
+
+@pytest.mark.parametrize("case", CASES, ids=_case_id)
 def test_stepwise_matches_float64_reference(cells, case):
+    _check_against_reference(cells, case, "stepwise")
+
+
+@pytest.mark.parametrize("case", FUSED_CASES, ids=_case_id)
+def test_fused_matches_float64_reference(cells, case):
+    _check_against_reference(cells, case, "fused")
+
+
+def _check_against_reference(cells, case, backend):
     cell = cells[case["example"]]
     dtype = DTYPES[case["dtype"]]
     x64 = random_inputs(cell.ir, case["B"], case["T"], case["NH"], case["D"], seed=len(CASES))
@@ -68,8 +91,8 @@ def test_stepwise_matches_float64_reference(cells, case):
         k: torch.randn(shapes[k], generator=g, device="cuda", dtype=torch.float64)
         for k in ("y", "last")
     }
-    y, last, grads = _run(cell, x, "stepwise", cot)
-    assert cell.last_backend == "stepwise"
+    y, last, grads = _run(cell, x, backend, cot)
+    assert cell.last_backend == backend
     y_ref, last_ref, grads_ref = _run(cell, ref_in, "reference", cot)
     tol = TOLERANCES[dtype]
     assert y.dtype == dtype and last.dtype == dtype
@@ -93,11 +116,17 @@ def test_no_grad_forward_matches(cells):
     assert rel_err(y, y_ref) <= 1e-5 and rel_err(last, last_ref) <= 1e-5
 
 
-def test_auto_picks_stepwise_on_cuda_and_warns_once(cells):
+def test_auto_picks_fused_where_it_fits_else_stepwise_and_warns_once(cells):
     cell = rnncc.load(next(p for p in EXAMPLES if p.stem == "gru"))
-    x = {
+    small = {
         k: None if v is None else v.cuda().float()
         for k, v in random_inputs(cell.ir, 2, 3, 1, 8).items()
+    }
+    cell(*(small[k] for k in INPUTS))
+    assert cell.last_backend == "fused"
+    x = {
+        k: None if v is None else v.cuda().float()
+        for k, v in random_inputs(cell.ir, 2, 3, 1, 80).items()
     }
     with pytest.warns(rnncc.RnnccWarning, match="stepwise"):
         cell(*(x[k] for k in INPUTS))
@@ -109,13 +138,14 @@ def test_auto_picks_stepwise_on_cuda_and_warns_once(cells):
         cell(*(x[k] for k in INPUTS))
 
 
-def _model(cells):
+def _model(cells, backend):
     torch.manual_seed(0)
-    return rnncc.RNN(cells["lstm"], 12, 32, num_heads=2, backend="stepwise").cuda()
+    return rnncc.RNN(cells["lstm"], 12, 32, num_heads=2, backend=backend).cuda()
 
 
-def test_torch_compile_fullgraph_matches_eager(cells):
-    model = _model(cells)
+@pytest.mark.parametrize("backend", ["stepwise", "fused"])
+def test_torch_compile_fullgraph_matches_eager(cells, backend):
+    model = _model(cells, backend)
     x = torch.randn(3, 11, 12, device="cuda")
     out, last = model(x)
     (out.sum() + last.sum()).backward()
@@ -129,8 +159,9 @@ def test_torch_compile_fullgraph_matches_eager(cells):
         assert rel_err(p.grad, g) <= 1e-6
 
 
-def test_cuda_graph_capture_of_forward_and_backward(cells):
-    model = _model(cells)
+@pytest.mark.parametrize("backend", ["stepwise", "fused"])
+def test_cuda_graph_capture_of_forward_and_backward(cells, backend):
+    model = _model(cells, backend)
     x = torch.randn(3, 11, 12, device="cuda")
     out, last = model(x)
     (out.sum() + last.sum()).backward()

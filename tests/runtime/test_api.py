@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 import torch
@@ -250,26 +252,47 @@ def test_auto_runs_the_reference_on_cpu() -> None:
     assert torch.equal(y, y2) and torch.equal(last, last2)
 
 
-def test_fused_backend_not_available_yet() -> None:
-    cell = lstm()
-    with pytest.raises(rnncc.TilingError) as err:
-        cell(*random_inputs(cell), backend="fused")
-    assert isinstance(err.value, rnncc.RnnccError)
-    assert str(err.value) == (
-        "cell 'lstm': the fused persistent kernel is not available in this version of rnncc; "
-        "use backend='stepwise' (or 'auto')"
-    )
-    assert cell.last_backend is None
-
-
-def test_stepwise_backend_needs_cuda_tensors() -> None:
+@pytest.mark.parametrize("backend", ["stepwise", "fused"])
+def test_cuda_backends_need_cuda_tensors(backend: str) -> None:
     cell = lstm()
     with pytest.raises(ValueError) as err:
-        cell(*random_inputs(cell), backend="stepwise")
+        cell(*random_inputs(cell), backend=backend)
     assert str(err.value) == (
-        "backend='stepwise' runs on CUDA tensors; Wx is on cpu (use backend='reference' on the CPU)"
+        f"backend='{backend}' runs on CUDA tensors; Wx is on cpu (use backend='reference' on the CPU)"
     )
     assert cell.last_backend is None
+
+
+def _cuda_like(dtype: torch.dtype = torch.bfloat16) -> Any:
+    """Stands in for a CUDA tensor where only its device and dtype are read."""
+    return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype)
+
+
+def test_fused_backend_names_the_limit_it_hits() -> None:
+    cell = lstm()
+    assert cell.fused_support(64) is None
+    assert cell.fused_support(65) == "head dim 65 > 64: R rows no longer fit one thread's registers"
+    with pytest.raises(rnncc.TilingError) as err:
+        cell._choose("fused", _cuda_like(), 65)
+    assert str(err.value) == (
+        "cell 'lstm': no fused kernel for head dim 65: head dim 65 > 64: R rows no longer fit "
+        "one thread's registers; use backend='stepwise' (or 'auto')"
+    )
+    assert cell._choose("fused", _cuda_like(), 64) == "fused"
+
+
+def test_auto_picks_fused_where_it_fits_and_warns_once_otherwise() -> None:
+    cell = lstm()
+    assert cell._choose("auto", _cuda_like(), 64) == "fused"
+    with pytest.warns(rnncc.RnnccWarning, match="no fused kernel for head dim 200"):
+        assert cell._choose("auto", _cuda_like(), 200) == "stepwise"
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cell._choose("auto", _cuda_like(), 200) == "stepwise"
+    with pytest.warns(rnncc.RnnccWarning, match="reference backend"):
+        assert cell._choose("auto", _cuda_like(torch.float64), 64) == "reference"
 
 
 def test_invalid_backend() -> None:
