@@ -2,7 +2,8 @@
 
 Input: a forward ``Cell`` and the head dim ``D``. Output: ``GeneratedSource`` for
 ``<cell>_fused_d<D>.cu`` (``templates/fused_block.cu.j2``). The kernel keeps one row of R per
-thread in registers and a block's states in registers for the whole sequence, so it exists
+thread in registers and a block's states, biases and params in registers for the whole
+sequence (``W x`` of a step is loaded before that step's R·h, to hide its latency), so it exists
 for head dims whose R fits one block (``fused_support``); everything else runs stepwise.
 The batch size stays a runtime value: the grid has one block per (head, chunk of ``BC``
 rows) and masks the last chunk.
@@ -20,9 +21,9 @@ _SMEM_BYTES = 48 * 1024
 
 FUSED_LEAVES = LeafSpelling(
     state="st[{k}][q]",
-    wx="rnncc::to_float(Wx[{k} * NHD])",
+    wx="wxv[{k}][q]",
     rh="rhs[b][{k} * kD + d]",
-    bias="rnncc::to_float(bias[{k} * NHD + d])",
+    bias="bv[{k}][q]",
     param="pv[{k}][q]",
 )
 

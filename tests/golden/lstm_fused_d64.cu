@@ -70,7 +70,6 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward(const rnncc_fused_a
   const long long NHD = (long long)a.NH * kD;
   const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
   const T* states = static_cast<const T*>(a.states);
-  (void)bias; (void)NHD;
 
   float rrow[kRows > 0 ? kD : 1];
   if (kRows > 0 && tid < kRows) {
@@ -82,6 +81,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward(const rnncc_fused_a
 
   float st[kS][kElemsPerThread];
   float pv[kP > 0 ? kP : 1][kElemsPerThread];
+  float bv[kGb > 0 ? kGb : 1][kElemsPerThread];
 #pragma unroll
   for (int q = 0; q < kElemsPerThread; ++q) {
     const int j = tid + q * kThreads;
@@ -93,6 +93,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward(const rnncc_fused_a
       if (live && a.hist) a.hist[(((long long)s * a.NH + n) * a.B + gb) * kD + d] = st[s][q];
     }
 #pragma unroll
+    for (int k = 0; k < kGb; ++k) bv[k][q] = j < kElems ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
+#pragma unroll
     for (int p = 0; p < kP; ++p)
       pv[p][q] = j < kElems ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
     if (kGr > 0 && j < kElems) hs[d][b] = st[kRec][q];
@@ -100,6 +102,16 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward(const rnncc_fused_a
   __syncthreads();
 
   for (int t = 0; t < a.T; ++t) {
+    // This step's W x, loaded before R·h so that the loads' latency hides behind it.
+    float wxv[kGx > 0 ? kGx : 1][kElemsPerThread];
+#pragma unroll
+    for (int q = 0; q < kElemsPerThread; ++q) {
+      const int j = tid + q * kThreads;
+      const int b = j / kD, d = j % kD, gb = b0 + b;
+      const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
+#pragma unroll
+      for (int k = 0; k < kGx; ++k) wxv[k][q] = (j < kElems && gb < a.B) ? rnncc::to_float(Wx[k * NHD]) : 0.0f;
+    }
     if (kRows > 0) {
       if (tid < kRows) {
         float acc[kBC];
@@ -131,14 +143,12 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward(const rnncc_fused_a
       const int j = tid + q * kThreads;
       const int b = j / kD, d = j % kD, gb = b0 + b;
       if (j < kElems && gb < a.B) {
-        const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
-        (void)Wx;
         // leaves
         const float s_c = st[1][q];
-        const float g_i = rnncc::to_float(Wx[0 * NHD]) + rhs[b][0 * kD + d] + rnncc::to_float(bias[0 * NHD + d]);
-        const float g_f = rnncc::to_float(Wx[1 * NHD]) + rhs[b][1 * kD + d] + rnncc::to_float(bias[1 * NHD + d]);
-        const float g_z = rnncc::to_float(Wx[2 * NHD]) + rhs[b][2 * kD + d] + rnncc::to_float(bias[2 * NHD + d]);
-        const float g_o = rnncc::to_float(Wx[3 * NHD]) + rhs[b][3 * kD + d] + rnncc::to_float(bias[3 * NHD + d]);
+        const float g_i = wxv[0][q] + rhs[b][0 * kD + d] + bv[0][q];
+        const float g_f = wxv[1][q] + rhs[b][1 * kD + d] + bv[1][q];
+        const float g_z = wxv[2][q] + rhs[b][2 * kD + d] + bv[2][q];
+        const float g_o = wxv[3][q] + rhs[b][3 * kD + d] + bv[3][q];
         // the cell
         const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
         // new states
