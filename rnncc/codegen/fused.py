@@ -15,7 +15,7 @@ from rnncc.codegen.stepwise import GeneratedSource, LeafSpelling, header_comment
 from rnncc.codegen.templates import render_template
 from rnncc.ir.cell import Cell
 
-BATCH_CHUNK = 16
+BATCH_CHUNK = 8
 MAX_HEAD_DIM = 64
 _SMEM_BYTES = 48 * 1024
 
