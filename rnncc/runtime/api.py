@@ -9,8 +9,9 @@ It validates the inputs (``ValueError`` naming the tensor, the expected and the 
 shape, dtype or device), fills defaults (declared initial states and params), picks a
 backend and records which one ran in ``last_backend``. Backends: ``"reference"`` (torch ops,
 any device), ``"stepwise"`` (CUDA: one matrix product and one generated pointwise kernel
-per step, built on first use), ``"fused"`` (the persistent kernel; not in this version: it
-raises ``TilingError``), ``"auto"`` (the reference on CPU; on CUDA the fastest available
+per step, built on first use), ``"fused"`` (the persistent forward, one launch per
+sequence, for head dims its block tier holds; ``TilingError`` with the reason otherwise;
+backward stepwise), ``"auto"`` (the reference on CPU; on CUDA the fastest available
 backend, warning once per cell when that is not the fused kernel, so slowness is never
 silent).
 """
