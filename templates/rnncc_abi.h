@@ -11,7 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 2
+#define RNNCC_ABI_VERSION 3
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -61,3 +61,28 @@ typedef struct rnncc_fused_args {
 } rnncc_fused_args;
 
 typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, cudaStream_t stream);
+
+// The fused backward (rnncc_fused_backward): the whole reverse sequence in one launch. Reads
+// hist and rh as the fused forward wrote them, dy [O, B, T, NH, D] and dlast [S, B, NH, D]
+// (storage); writes dWx (storage), dstates [S, B, NH, D] (storage) and, per step, the gate
+// cotangents dGr [T, NH, B, Gr * D], dGb [T, NH, B, Gb * D], dP [T, NH, B, P * D] (float32)
+// from which the host forms dR, db and dparams with one GEMM / reduction each.
+typedef struct rnncc_fused_bwd_args {
+  int B, T, NH, D;
+  int dtype;
+  const void* Wx;
+  const void* R;
+  const void* bias;
+  const void* params;
+  const float* hist;
+  const float* rh;
+  const void* dy;
+  const void* dlast;
+  void* dWx;
+  void* dstates;
+  float* dGr;
+  float* dGb;
+  float* dP;
+} rnncc_fused_bwd_args;
+
+typedef int (*rnncc_fused_bwd_fn)(const rnncc_fused_bwd_args* args, cudaStream_t stream);

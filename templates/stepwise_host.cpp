@@ -110,6 +110,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
   return {y, last, hist, rh};
 }
 
+using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
+
+// After a backward loop: dR = Σ_t dgᵀ h[t-1] as one einsum (a batched GEMM), db and dparams
+// as one reduction each over time and batch; returns (dWx, dR, db, dstates, dparams).
+Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hist,
+                       const at::Tensor& dGr, const at::Tensor& dGb, const at::Tensor& dP,
+                       const at::Tensor& dWx, const at::Tensor& dstates) {
+  const int64_t T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
+  const auto dtype = Wx.scalar_type();
+  at::Tensor dR = at::empty({0}, Wx.options()), db = at::empty({0}, Wx.options()),
+             dparams = at::empty({0}, Wx.options());
+  if (k.Gr) {
+    at::Tensor h_prev = hist.narrow(0, 0, T).select(1, k.rec);  // [T, NH, B, D]
+    dR = at::einsum("tnbk,tnbe->nke", {dGr, h_prev})
+             .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype).contiguous();
+  }
+  const std::vector<int64_t> time_and_batch{0, 2};
+  if (k.Gb) db = dGb.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  if (k.P) dparams = dP.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  return {dWx, dR, db, dstates, dparams};
+}
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_backward(
     const at::Tensor& dy_, const at::Tensor& dlast, const at::Tensor& Wx_,
     const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
@@ -153,20 +175,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
     if (k.Gr) ds[1 - cur][k.rec].baddbmm_(dGr[t], Rn);  // the path through R: += Rᵀ·dg
     cur = 1 - cur;
   }
-  const auto dtype = Wx.scalar_type();
   at::Tensor dstates = at::empty({k.S, B, NH, D}, Wx.options());
   dstates.copy_(ds[cur].permute({0, 2, 1, 3}));
-  at::Tensor dR = at::empty({0}, Wx.options()), db = at::empty({0}, Wx.options()),
-             dparams = at::empty({0}, Wx.options());
-  if (k.Gr) {
-    at::Tensor h_prev = hist.narrow(0, 0, T).select(1, k.rec);  // [T, NH, B, D]
-    dR = at::einsum("tnbk,tnbe->nke", {dGr, h_prev})
-             .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype).contiguous();
-  }
-  const std::vector<int64_t> time_and_batch{0, 2};
-  if (k.Gb) db = dGb.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
-  if (k.P) dparams = dP.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
-  return {dWx, dR, db, dstates, dparams};
+  return weight_gradients(k, Wx, hist, dGr, dGb, dP, dWx, dstates);
 }
 
 // The fused forward: one launch for the whole sequence; outputs laid out as stepwise_forward's
@@ -206,6 +217,43 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   return {y, last, hist, rh};
 }
 
+// The fused backward: one launch for the whole reverse sequence, then the same weight
+// gradients as stepwise_backward.
+Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::Tensor& Wx_,
+                     const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
+                     const c10::optional<at::Tensor>& params_, const at::Tensor& hist,
+                     const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
+  const Dims k(dims);
+  c10::cuda::CUDAGuard guard(Wx_.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor Wx = Wx_.contiguous(), dy = dy_.contiguous(), dlast = dlast_.contiguous();
+  const at::Tensor R = opt(R_), bias = opt(b_), params = opt(params_);
+  const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
+  const auto f32 = Wx.options().dtype(at::kFloat);
+  at::Tensor dWx = at::empty_like(Wx);
+  at::Tensor dstates = at::empty({k.S, B, NH, D}, Wx.options());
+  at::Tensor dGr = k.Gr ? at::empty({T, NH, B, k.Gr * D}, f32) : at::Tensor();
+  at::Tensor dGb = k.Gb ? at::empty({T, NH, B, k.Gb * D}, f32) : at::Tensor();
+  at::Tensor dP = k.P ? at::empty({T, NH, B, k.P * D}, f32) : at::Tensor();
+  if (poison_outputs) {
+    poison(dWx); poison(dstates); poison(dGr); poison(dGb); poison(dP);
+  }
+  rnncc_fused_bwd_args a{};
+  a.B = B; a.T = T; a.NH = NH; a.D = D;
+  a.dtype = dtype_code(Wx.scalar_type());
+  a.Wx = cptr(Wx); a.R = cptr(R); a.bias = cptr(bias); a.params = cptr(params);
+  a.hist = cfptr(hist); a.rh = k.Gr ? cfptr(rh) : nullptr;
+  a.dy = cptr(dy); a.dlast = cptr(dlast);
+  a.dWx = mptr(dWx); a.dstates = mptr(dstates);
+  a.dGr = k.Gr ? fptr(dGr) : nullptr;
+  a.dGb = k.Gb ? fptr(dGb) : nullptr;
+  a.dP = k.P ? fptr(dP) : nullptr;
+  const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
+  TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+  return weight_gradients(k, Wx, hist, dGr, dGb, dP, dWx, dstates);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rnncc_host, m) {
@@ -219,6 +267,10 @@ TORCH_LIBRARY(rnncc_host, m) {
   m.def(
       "fused_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, int fn, "
       "int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "fused_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
+      "Tensor? params, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
+      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
 }
 
@@ -226,4 +278,5 @@ TORCH_LIBRARY_IMPL(rnncc_host, CUDA, m) {
   m.impl("stepwise_forward", &stepwise_forward);
   m.impl("stepwise_backward", &stepwise_backward);
   m.impl("fused_forward", &fused_forward);
+  m.impl("fused_backward", &fused_backward);
 }

@@ -35,7 +35,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
 
-ABI_VERSION = 2
+ABI_VERSION = 3
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _lock = threading.Lock()
 
@@ -126,15 +126,15 @@ class StepwiseOps(_CellOps):
             len(cell.params),
             rec,
         ]
-        self.dims, self.backward_ptr = dims, int(bwd_fn)
+        self.dims = dims
         self.op_name = f"{cell.name}_{path.parent.name.rsplit('-', 1)[-1]}"
         with _lock:  # op registration mutates one shared torch.library.Library
             self.forward_op = _define_ops(self.op_name, int(fwd), int(bwd_fn), dims)
 
 
 class FusedOps(_CellOps):
-    """The fused persistent forward (block tier) of one cell for one head dim, with the
-    stepwise backward: the fused kernel saves the same per-step states and R·h products."""
+    """The fused persistent forward and backward (block tier) of one cell for one head dim:
+    one launch each for the whole sequence."""
 
     def __init__(self, cell: Cell, bwd: BackwardCell, arch: str, D: int):
         reason = fused_support(cell, D)
@@ -142,7 +142,7 @@ class FusedOps(_CellOps):
             raise TilingError(f"cell '{cell.name}': no fused kernel for head dim {D}: {reason}")
         self.stepwise = StepwiseOps(cell, bwd, arch)
         self.poison = self.stepwise.poison
-        src = generate_fused(cell, D)
+        src = generate_fused(cell, bwd, D)
         dump(cell.name, f"fused_d{D}.cu", src.text)
         path = build_library(
             f"rnncc_{cell.name}_fused_d{D}",
@@ -157,12 +157,11 @@ class FusedOps(_CellOps):
             )
         self._lib = lib
         fwd = ctypes.cast(lib.rnncc_fused_forward, ctypes.c_void_p).value
-        assert fwd is not None
+        bwd_fn = ctypes.cast(lib.rnncc_fused_backward, ctypes.c_void_p).value
+        assert fwd is not None and bwd_fn is not None
         name = f"{self.stepwise.op_name}_fused_{path.parent.name.rsplit('-', 1)[-1]}"
         with _lock:
-            self.forward_op = _define_ops(
-                name, int(fwd), self.stepwise.backward_ptr, self.stepwise.dims, "fused_forward"
-            )
+            self.forward_op = _define_ops(name, int(fwd), int(bwd_fn), self.stepwise.dims, "fused")
 
 
 _defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
@@ -179,11 +178,11 @@ _BACKWARD_SCHEMA = (
 
 
 def _define_ops(
-    name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int], host_forward: str = "stepwise_forward"
+    name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int], host: str = "stepwise"
 ) -> Callable[..., tuple[Tensor, ...]]:
     """Register (once per process) the ops of one cell library: schema, CUDA kernel, fake
-    implementation, autograd. ``host_forward`` names the host loop's forward
-    (``stepwise_forward`` or ``fused_forward``: same outputs, so one backward serves both).
+    implementation, autograd. ``host`` picks the host library's entry points
+    (``stepwise_forward``/``_backward`` or ``fused_forward``/``_backward``: same tensors).
     Registered through ``torch.library.Library`` rather than ``custom_op``, whose first call
     imports torch._dynamo (seconds) even in eager mode."""
     global _library
@@ -205,7 +204,7 @@ def _define_ops(
         save: bool,
         poison: bool,
     ) -> _ForwardOut:
-        out = getattr(torch.ops.rnncc_host, host_forward)(
+        out = getattr(torch.ops.rnncc_host, f"{host}_forward")(
             Wx, R, b, states, params, fwd_ptr, dims, save, poison
         )
         return cast(_ForwardOut, out)
@@ -236,7 +235,7 @@ def _define_ops(
         rh: Tensor,
         poison: bool,
     ) -> _BackwardOut:
-        out = torch.ops.rnncc_host.stepwise_backward(
+        out = getattr(torch.ops.rnncc_host, f"{host}_backward")(
             dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison
         )
         return cast(_BackwardOut, out)

@@ -22,7 +22,7 @@ GOLDEN = ROOT / "tests" / "golden"
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
 def test_golden(path, update_golden):
     cell = rnncc.load(path)
-    src = generate_fused(cell.ir, 64)
+    src = generate_fused(cell.ir, cell.backward_ir, 64)
     golden = GOLDEN / src.filename
     if update_golden:
         golden.write_text(src.text)
@@ -43,7 +43,8 @@ def test_support_limits():
 
 
 def test_batch_and_sequence_are_not_compiled_in():
-    text = generate_fused(rnncc.load(ROOT / "examples" / "gru.rnn").ir, 24).text
+    gru = rnncc.load(ROOT / "examples" / "gru.rnn")
+    text = generate_fused(gru.ir, gru.backward_ir, 24).text
     assert "constexpr int kD = 24;" in text
     assert not re.search(r"constexpr int k(B|T)\b", text)
 
@@ -51,7 +52,8 @@ def test_batch_and_sequence_are_not_compiled_in():
 @pytest.mark.slow
 def test_nvcc_compiles_every_example_without_spills(tmp_path):
     nvcc = _nvcc()
-    sources = [generate_fused(rnncc.load(p).ir, D) for p in EXAMPLES for D in (24, 64)]
+    cells = [rnncc.load(p) for p in EXAMPLES]
+    sources = [generate_fused(c.ir, c.backward_ir, D) for c in cells for D in (24, 64)]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         reports = list(pool.map(lambda s: _compile(nvcc, s, tmp_path), sources))
     for src, report in zip(sources, reports, strict=True):

@@ -178,6 +178,170 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward(const rnncc_fused_a
   }
 }
 
+constexpr int kGroups = kRows > 0 ? kThreads / kD : 1;  // row slices of the Rᵀ·dg product
+constexpr int kSlice = kRows > 0 ? (kRows + kGroups - 1) / kGroups : 1;
+static_assert(kRows == 0 || kGroups >= 1, "at least one thread per column of R");
+static_assert((kD * kBC * (kRows > 0 ? kGroups : 1) + kBC * (kRows > 0 ? kRows : 1)) * 4 <= 48 * 1024,
+              "dg and the Rᵀ·dg partial sums must fit the 48 KiB of static shared memory");
+
+// Backward, block tier: per step from the last, the generated backward cell on this thread's
+// elements (old states from hist, gates from W x + saved R·h + b), then dh += Rᵀ·dg with the
+// rows of R split into kGroups slices (column `me` of R's slice in registers) and the slices'
+// partial sums added through shared memory.
+template <typename T>
+__global__ void __launch_bounds__(kThreads, 1) fused_backward(const rnncc_fused_bwd_args a) {
+  __shared__ __align__(16) float dgs[kRows > 0 ? kRows : 1][kBC];
+  __shared__ __align__(16) float red[kRows > 0 ? kGroups : 1][kD][kBC];
+  const int tid = threadIdx.x;
+  const int n = blockIdx.x;
+  const int b0 = blockIdx.y * kBC;
+  const long long NHD = (long long)a.NH * kD;
+  const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
+  const int me = tid % kD, grp = tid / kD;
+  const bool in_product = kRows > 0 && grp < kGroups;
+
+  float rcol[kSlice];
+#pragma unroll
+  for (int i = 0; i < kSlice; ++i) {
+    const int r = grp * kSlice + i;
+    rcol[i] = 0.0f;
+    if (in_product && r < kRows) {
+      const int g = r / kD, dout = r % kD;
+      rcol[i] = rnncc::to_float(static_cast<const T*>(a.R)[(((long long)g * a.NH + n) * kD + dout) * kD + me]);
+    }
+  }
+
+  float ds[kS][kElemsPerThread];
+  float pv[kP > 0 ? kP : 1][kElemsPerThread];
+  float bv[kGb > 0 ? kGb : 1][kElemsPerThread];
+#pragma unroll
+  for (int q = 0; q < kElemsPerThread; ++q) {
+    const int j = tid + q * kThreads;
+    const int b = j / kD, d = j % kD, gb = b0 + b;
+    const bool live = j < kElems && gb < a.B;
+#pragma unroll
+    for (int s = 0; s < kS; ++s)
+      ds[s][q] = live ? rnncc::to_float(static_cast<const T*>(a.dlast)[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < kGb; ++k) bv[k][q] = j < kElems ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
+#pragma unroll
+    for (int p = 0; p < kP; ++p)
+      pv[p][q] = j < kElems ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
+  }
+
+  for (int t = a.T - 1; t >= 0; --t) {
+    float nd[kS][kElemsPerThread];
+#pragma unroll
+    for (int q = 0; q < kElemsPerThread; ++q) {
+      const int j = tid + q * kThreads;
+      const int b = j / kD, d = j % kD, gb = b0 + b;
+#pragma unroll
+      for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
+      if (j < kElems && gb < a.B) {
+        const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of dGr/dGb/dP
+        const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
+        const T* dy = static_cast<const T*>(a.dy) + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
+        T* dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
+        const long long yO = (long long)a.B * a.T * NHD;
+        (void)row; (void)Wx; (void)dy; (void)dWx; (void)yO;
+        // leaves
+        const float s_c = a.hist[((((long long)t * kS + 1) * a.NH + n) * a.B + gb) * kD + d];
+        const float g_i = rnncc::to_float(Wx[0 * NHD]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
+        const float g_f = rnncc::to_float(Wx[1 * NHD]) + a.rh[row * kRows + 1 * kD + d] + bv[1][q];
+        const float g_z = rnncc::to_float(Wx[2 * NHD]) + a.rh[row * kRows + 2 * kD + d] + bv[2][q];
+        const float g_o = rnncc::to_float(Wx[3 * NHD]) + a.rh[row * kRows + 3 * kD + d] + bv[3][q];
+        const float dn_h = ds[0][q];
+        const float dn_c = ds[1][q];
+        const float do_h = rnncc::to_float(dy[0 * yO]);
+        // the backward cell
+        const float v_t0 = dn_h + do_h;
+        const float v_t1 = rnncc_sigmoid(g_o);
+        const float v_t2 = rnncc_sigmoid(g_f);
+        const float v_t3 = rnncc_sigmoid(g_i);
+        const float v_t4 = rnncc_tanh(g_z);
+        const float v_t5 = rnncc_tanh(v_t2 * s_c + v_t3 * v_t4);
+        const float v_t6 = dn_c + v_t0 * v_t1 * (1.0f - v_t5 * v_t5);
+        // cotangents of the old states, the gates and the params
+        nd[0][q] = 0.0f;
+        nd[1][q] = v_t6 * v_t2;
+        const float d_i = v_t6 * v_t4 * (1.0f - v_t3) * v_t3;
+        dWx[0 * NHD] = rnncc::from_float<T>(d_i);
+        dgs[0 * kD + d][b] = d_i;
+        a.dGr[row * kRows + 0 * kD + d] = d_i;
+        a.dGb[row * (kGb * kD) + 0 * kD + d] = d_i;
+        const float d_f = v_t6 * s_c * (1.0f - v_t2) * v_t2;
+        dWx[1 * NHD] = rnncc::from_float<T>(d_f);
+        dgs[1 * kD + d][b] = d_f;
+        a.dGr[row * kRows + 1 * kD + d] = d_f;
+        a.dGb[row * (kGb * kD) + 1 * kD + d] = d_f;
+        const float d_z = v_t6 * v_t3 * (1.0f - v_t4 * v_t4);
+        dWx[2 * NHD] = rnncc::from_float<T>(d_z);
+        dgs[2 * kD + d][b] = d_z;
+        a.dGr[row * kRows + 2 * kD + d] = d_z;
+        a.dGb[row * (kGb * kD) + 2 * kD + d] = d_z;
+        const float d_o = v_t0 * v_t5 * (1.0f - v_t1) * v_t1;
+        dWx[3 * NHD] = rnncc::from_float<T>(d_o);
+        dgs[3 * kD + d][b] = d_o;
+        a.dGr[row * kRows + 3 * kD + d] = d_o;
+        a.dGb[row * (kGb * kD) + 3 * kD + d] = d_o;
+      } else if (j < kElems) {
+#pragma unroll
+        for (int r = 0; r < kGr; ++r) dgs[r * kD + d][b] = 0.0f;
+      }
+    }
+    __syncthreads();
+    if (kRows > 0) {
+      if (in_product) {
+        float acc[kBC];
+#pragma unroll
+        for (int c = 0; c < kBC; ++c) acc[c] = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kSlice; ++i) {
+          const int r = grp * kSlice + i;
+          if (r < kRows) {
+            const float w = rcol[i];
+#pragma unroll
+            for (int c = 0; c < kBC; c += 4) {
+              const float4 g4 = *reinterpret_cast<const float4*>(&dgs[r][c]);
+              acc[c] = fmaf(w, g4.x, acc[c]);
+              acc[c + 1] = fmaf(w, g4.y, acc[c + 1]);
+              acc[c + 2] = fmaf(w, g4.z, acc[c + 2]);
+              acc[c + 3] = fmaf(w, g4.w, acc[c + 3]);
+            }
+          }
+        }
+#pragma unroll
+        for (int c = 0; c < kBC; ++c) red[grp][me][c] = acc[c];
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int q = 0; q < kElemsPerThread; ++q) {
+      const int j = tid + q * kThreads;
+      const int b = j / kD, d = j % kD;
+#pragma unroll
+      for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
+      if (kRows > 0 && j < kElems) {
+        float sum = 0.0f;
+#pragma unroll
+        for (int g = 0; g < (kRows > 0 ? kGroups : 1); ++g) sum += red[g][d][b];
+        ds[kRec][q] += sum;
+      }
+    }
+  }
+
+#pragma unroll
+  for (int q = 0; q < kElemsPerThread; ++q) {
+    const int j = tid + q * kThreads;
+    const int b = j / kD, d = j % kD, gb = b0 + b;
+    if (j < kElems && gb < a.B) {
+#pragma unroll
+      for (int s = 0; s < kS; ++s)
+        static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(ds[s][q]);
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
@@ -190,6 +354,19 @@ extern "C" int rnncc_fused_forward(const rnncc_fused_args* a, cudaStream_t strea
     case RNNCC_F32: fused_forward<float><<<grid, kThreads, 0, stream>>>(*a); break;
     case RNNCC_F16: fused_forward<__half><<<grid, kThreads, 0, stream>>>(*a); break;
     case RNNCC_BF16: fused_forward<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(*a); break;
+    default: return (int)cudaErrorInvalidValue;
+  }
+  return (int)cudaGetLastError();
+}
+
+extern "C" int rnncc_fused_backward(const rnncc_fused_bwd_args* a, cudaStream_t stream) {
+  if (a->D != kD) return (int)cudaErrorInvalidValue;
+  if ((long long)a->NH * a->B == 0) return 0;
+  const dim3 grid((unsigned)a->NH, (unsigned)((a->B + kBC - 1) / kBC));
+  switch (a->dtype) {
+    case RNNCC_F32: fused_backward<float><<<grid, kThreads, 0, stream>>>(*a); break;
+    case RNNCC_F16: fused_backward<__half><<<grid, kThreads, 0, stream>>>(*a); break;
+    case RNNCC_BF16: fused_backward<__nv_bfloat16><<<grid, kThreads, 0, stream>>>(*a); break;
     default: return (int)cudaErrorInvalidValue;
   }
   return (int)cudaGetLastError();
