@@ -11,15 +11,13 @@ rows) and masks the last chunk.
 
 from __future__ import annotations
 
-from rnncc.codegen.expr import render_body
 from rnncc.codegen.stepwise import (
+    BackwardSpelling,
     GeneratedSource,
     LeafSpelling,
+    backward_lines,
     header_comment,
-    leaf_loads,
-    leaf_name,
     update_lines,
-    used_leaves,
 )
 from rnncc.codegen.templates import render_template
 from rnncc.ir.cell import BackwardCell, Cell
@@ -48,46 +46,14 @@ FUSED_BACKWARD_LEAVES = LeafSpelling(
 )
 
 
-def backward_lines(bwd: BackwardCell) -> list[str]:
-    """The backward cell on one element: leaf loads, the body, then ``nd`` (cotangents of
-    the old states), ``dWx``, the gate cotangents (shared memory for Rᵀ·dg and the per-step
-    buffers for dR and db) and the params' cotangents."""
-    cell = bwd.forward
-    roots = list(bwd.roots)
-    body = render_body(roots, leaf_name)
-    used = used_leaves(roots)
-    lines = ["// leaves", *leaf_loads(cell, used, FUSED_BACKWARD_LEAVES)]
-    for k, s in enumerate(cell.state_names):
-        if ("dstate", s) in used:
-            lines.append(f"const float dn_{s} = ds[{k}][q];")
-    for o, s in enumerate(cell.outputs):
-        if ("dout", s) in used:
-            lines.append(f"const float do_{s} = rnncc::to_float(dy[{o} * yO]);")
-    lines.append("// the backward cell")
-    lines += body.lines
-    keys = (
-        [("state", s) for s, _ in bwd.d_states]
-        + [("gate", g) for g, _ in bwd.d_gates]
-        + [("param", p) for p, _ in bwd.d_params]
-    )
-    results = dict(zip(keys, body.results, strict=True))
-    lines.append("// cotangents of the old states, the gates and the params")
-    for k, s in enumerate(cell.state_names):
-        lines.append(f"nd[{k}][q] = {results[('state', s)]};")
-    ix, ir, ib = (cell.part_index(p) for p in ("x", "r", "b"))
-    for gate in cell.gates:
-        g = gate.name
-        lines.append(f"const float d_{g} = {results[('gate', g)]};")
-        if g in ix:
-            lines.append(f"dWx[{ix[g]} * NHD] = rnncc::from_float<T>(d_{g});")
-        if g in ir:
-            lines.append(f"dgs[{ir[g]} * kD + d][b] = d_{g};")
-            lines.append(f"a.dGr[row * kRows + {ir[g]} * kD + d] = d_{g};")
-        if g in ib:
-            lines.append(f"a.dGb[row * (kGb * kD) + {ib[g]} * kD + d] = d_{g};")
-    for k, p in enumerate(cell.param_names):
-        lines.append(f"a.dP[row * (kP * kD) + {k} * kD + d] = {results[('param', p)]};")
-    return lines
+FUSED_BACKWARD = BackwardSpelling(
+    leaves=FUSED_BACKWARD_LEAVES,
+    dstate="ds[{k}][q]",
+    d_state="nd[{k}][q] = {v};",
+    d_rh=("dgs[{k} * kD + d][b] = {v};", "a.dGr[row * kRows + {k} * kD + d] = {v};"),
+    d_bias="a.dGb[row * (kGb * kD) + {k} * kD + d] = {v};",
+    d_param="a.dP[row * (kP * kD) + {k} * kD + d] = {v};",
+)
 
 
 def threads_for(cell: Cell, D: int) -> int:
@@ -153,6 +119,6 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         param_names=join(cell.param_names),
         update=update_lines(cell, FUSED_LEAVES),
         stores=stores,
-        backward=backward_lines(bwd),
+        backward=backward_lines(bwd, FUSED_BACKWARD),
     )
     return GeneratedSource(f"{cell.name}_fused_d{D}.cu", text)

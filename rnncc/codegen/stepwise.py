@@ -110,32 +110,54 @@ def forward_lines(cell: Cell) -> list[str]:
     return lines
 
 
-def backward_lines(bwd: BackwardCell) -> list[str]:
+@dataclass(frozen=True)
+class BackwardSpelling:
+    """How a backward kernel reads the cotangents of the new states and writes its results:
+    format strings over ``{k}`` (index on the axis) and ``{v}`` (the value)."""
+
+    leaves: LeafSpelling
+    dstate: str
+    d_state: str
+    d_rh: tuple[str, ...]
+    d_bias: str
+    d_param: str
+
+
+STEPWISE_BACKWARD = BackwardSpelling(
+    leaves=STEPWISE_LEAVES,
+    dstate="a.ds_new[{k} * NBD + i]",
+    d_state="a.ds_old[{k} * NBD + i] = {v};",
+    d_rh=("dGr[{k} * a.D] = {v};",),
+    d_bias="dGb[{k} * a.D] = {v};",
+    d_param="dP[{k} * a.D] = {v};",
+)
+
+
+def backward_lines(bwd: BackwardCell, spell: BackwardSpelling = STEPWISE_BACKWARD) -> list[str]:
+    """The backward cell on one element: leaf loads, the body, then the cotangents of the old
+    states, ``dWx`` and the other gate parts' and the params' cotangents, as ``spell`` says."""
     cell = bwd.forward
     roots = list(bwd.roots)
     body = render_body(roots, leaf_name)
     used = used_leaves(roots)
-    lines = ["// leaves", *leaf_loads(cell, used, STEPWISE_LEAVES)]
+    lines = ["// leaves", *leaf_loads(cell, used, spell.leaves)]
     for k, s in enumerate(cell.state_names):
         if ("dstate", s) in used:
-            lines.append(f"const float dn_{s} = a.ds_new[{k} * NBD + i];")
+            lines.append(f"const float dn_{s} = {spell.dstate.format(k=k)};")
     for o, s in enumerate(cell.outputs):
         if ("dout", s) in used:
             lines.append(f"const float do_{s} = rnncc::to_float(dy[{o} * yO]);")
     lines.append("// the backward cell")
     lines += body.lines
-    results = dict(
-        zip(
-            [("state", s) for s, _ in bwd.d_states]
-            + [("gate", g) for g, _ in bwd.d_gates]
-            + [("param", p) for p, _ in bwd.d_params],
-            body.results,
-            strict=True,
-        )
+    keys = (
+        [("state", s) for s, _ in bwd.d_states]
+        + [("gate", g) for g, _ in bwd.d_gates]
+        + [("param", p) for p, _ in bwd.d_params]
     )
+    results = dict(zip(keys, body.results, strict=True))
     lines.append("// cotangents of the old states, the gates and the params")
     for k, s in enumerate(cell.state_names):
-        lines.append(f"a.ds_old[{k} * NBD + i] = {results[('state', s)]};")
+        lines.append(spell.d_state.format(k=k, v=results[("state", s)]))
     ix, ir, ib = (cell.part_index(p) for p in ("x", "r", "b"))
     for gate in cell.gates:
         g = gate.name
@@ -143,11 +165,11 @@ def backward_lines(bwd: BackwardCell) -> list[str]:
         if g in ix:
             lines.append(f"dWx[{ix[g]} * NHD] = rnncc::from_float<T>(d_{g});")
         if g in ir:
-            lines.append(f"dGr[{ir[g]} * a.D] = d_{g};")
+            lines += [store.format(k=ir[g], v=f"d_{g}") for store in spell.d_rh]
         if g in ib:
-            lines.append(f"dGb[{ib[g]} * a.D] = d_{g};")
+            lines.append(spell.d_bias.format(k=ib[g], v=f"d_{g}"))
     for k, p in enumerate(cell.param_names):
-        lines.append(f"dP[{k} * a.D] = {results[('param', p)]};")
+        lines.append(spell.d_param.format(k=k, v=results[("param", p)]))
     return lines
 
 
