@@ -16,6 +16,7 @@ from rnncc.codegen.stepwise import (
     GeneratedSource,
     LeafSpelling,
     backward_lines,
+    cell_context,
     header_comment,
     update_lines,
 )
@@ -80,7 +81,6 @@ def fused_support(cell: Cell, D: int) -> str | None:
 
 def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
     """The block-tier fused forward and backward of ``cell`` for head dim ``D``."""
-    join = lambda names: ", ".join(names) or "none"  # noqa: E731
     rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
     stores = [f"st[{k}][q] = new_{s};" for k, s in enumerate(cell.state_names)]
     for o, s in enumerate(cell.outputs):
@@ -100,25 +100,13 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
     text = render_template(
         "fused_block.cu.j2",
         header=header_comment(cell, plan),
-        cell=cell.name,
-        S=len(cell.states),
-        O=len(cell.outputs),
-        Gx=len(cell.gx_names),
-        Gr=len(cell.gr_names),
-        Gb=len(cell.gb_names),
-        P=len(cell.params),
         rec=rec,
         D=D,
         BC=BATCH_CHUNK,
         threads=threads,
-        state_names=join(cell.state_names),
-        output_names=join(cell.outputs),
-        gx_names=join(cell.gx_names),
-        gr_names=join(cell.gr_names),
-        gb_names=join(cell.gb_names),
-        param_names=join(cell.param_names),
         update=update_lines(cell, FUSED_LEAVES),
         stores=stores,
         backward=backward_lines(bwd, FUSED_BACKWARD),
+        **cell_context(cell),
     )
     return GeneratedSource(f"{cell.name}_fused_d{D}.cu", text)

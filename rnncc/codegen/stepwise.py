@@ -188,26 +188,33 @@ def header_comment(cell: Cell, plan: str = "stepwise: one thread per (head, batc
     return "\n".join(lines)
 
 
+def cell_context(cell: Cell) -> dict[str, object]:
+    """The template variables that describe a cell's declarations (counts and names)."""
+    join = lambda names: ", ".join(names) or "none"  # noqa: E731
+    return {
+        "cell": cell.name,
+        "S": len(cell.states),
+        "O": len(cell.outputs),
+        "Gx": len(cell.gx_names),
+        "Gr": len(cell.gr_names),
+        "Gb": len(cell.gb_names),
+        "P": len(cell.params),
+        "state_names": join(cell.state_names),
+        "output_names": join(cell.outputs),
+        "gx_names": join(cell.gx_names),
+        "gr_names": join(cell.gr_names),
+        "gb_names": join(cell.gb_names),
+        "param_names": join(cell.param_names),
+    }
+
+
 def generate_stepwise(cell: Cell, bwd: BackwardCell) -> GeneratedSource:
     """The stepwise kernels of ``cell``; see the module docstring."""
-    join = lambda names: ", ".join(names) or "none"  # noqa: E731
     text = render_template(
         "stepwise_cell.cu.j2",
         header=header_comment(cell),
-        cell=cell.name,
-        S=len(cell.states),
-        O=len(cell.outputs),
-        Gx=len(cell.gx_names),
-        Gr=len(cell.gr_names),
-        Gb=len(cell.gb_names),
-        P=len(cell.params),
-        state_names=join(cell.state_names),
-        output_names=join(cell.outputs),
-        gx_names=join(cell.gx_names),
-        gr_names=join(cell.gr_names),
-        gb_names=join(cell.gb_names),
-        param_names=join(cell.param_names),
         forward=forward_lines(cell),
         backward=backward_lines(bwd),
+        **cell_context(cell),
     )
     return GeneratedSource(f"{cell.name}_stepwise.cu", text)
