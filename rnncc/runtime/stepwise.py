@@ -97,39 +97,50 @@ class _CellOps:
         return y, last
 
 
+def _launchers(path: Path, *symbols: str) -> tuple[ctypes.CDLL, list[int]]:
+    """Load a kernel library, check its ABI, and return it (keep it alive) with the addresses
+    of its ``extern "C"`` launchers."""
+    lib = ctypes.CDLL(str(path))
+    if lib.rnncc_abi_version() != ABI_VERSION:
+        raise BuildError(
+            f"library {path} has ABI {lib.rnncc_abi_version()}, expected {ABI_VERSION}"
+        )
+    # ctypes resolves each symbol or raises AttributeError, so no address is NULL.
+    return lib, [
+        int(ctypes.cast(getattr(lib, name), ctypes.c_void_p).value or 0) for name in symbols
+    ]
+
+
+def _dims(cell: Cell) -> list[int]:
+    """The cell's sizes as the host loop takes them: [S, O, Gx, Gr, Gb, P, recurrent index]."""
+    rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
+    return [
+        len(cell.states),
+        len(cell.outputs),
+        len(cell.gx_names),
+        len(cell.gr_names),
+        len(cell.gb_names),
+        len(cell.params),
+        rec,
+    ]
+
+
+def _key(path: Path) -> str:
+    """The cache key part of a built library's folder name, to name its ops uniquely."""
+    return path.parent.name.rsplit("-", 1)[-1]
+
+
 class StepwiseOps(_CellOps):
     """The stepwise backend of one cell on one arch; see the module docstring."""
 
     def __init__(self, cell: Cell, bwd: BackwardCell, arch: str):
-        self.cell = cell
         self.poison = get_config().poison  # read once: the call path must stay compile-friendly
         with _lock:  # the host library is built and loaded once per process
             host_library(arch)
         path = build_cell_library(cell, bwd, arch)  # cell builds may run in parallel threads
-        lib = ctypes.CDLL(str(path))
-        if lib.rnncc_abi_version() != ABI_VERSION:
-            raise BuildError(
-                f"cell library {path} has ABI {lib.rnncc_abi_version()}, expected {ABI_VERSION}"
-            )
-        self._lib = lib  # keeps the library loaded
-        fwd = ctypes.cast(lib.rnncc_forward_step, ctypes.c_void_p).value
-        bwd_fn = ctypes.cast(lib.rnncc_backward_step, ctypes.c_void_p).value
-        # ctypes resolved both symbols (a missing one raises AttributeError): never NULL.
-        assert fwd is not None and bwd_fn is not None
-        rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
-        dims = [
-            len(cell.states),
-            len(cell.outputs),
-            len(cell.gx_names),
-            len(cell.gr_names),
-            len(cell.gb_names),
-            len(cell.params),
-            rec,
-        ]
-        self.dims = dims
-        self.op_name = f"{cell.name}_{path.parent.name.rsplit('-', 1)[-1]}"
+        self._lib, (fwd, bwd_fn) = _launchers(path, "rnncc_forward_step", "rnncc_backward_step")
         with _lock:  # op registration mutates one shared torch.library.Library
-            self.forward_op = _define_ops(self.op_name, int(fwd), int(bwd_fn), dims)
+            self.forward_op = _define_ops(f"{cell.name}_{_key(path)}", fwd, bwd_fn, _dims(cell))
 
 
 class FusedOps(_CellOps):
@@ -140,8 +151,9 @@ class FusedOps(_CellOps):
         reason = fused_support(cell, D)
         if reason is not None:
             raise TilingError(f"cell '{cell.name}': no fused kernel for head dim {D}: {reason}")
-        self.stepwise = StepwiseOps(cell, bwd, arch)
-        self.poison = self.stepwise.poison
+        self.poison = get_config().poison
+        with _lock:
+            host_library(arch)
         src = generate_fused(cell, bwd, D)
         dump(cell.name, f"fused_d{D}.cu", src.text)
         path = build_library(
@@ -150,18 +162,10 @@ class FusedOps(_CellOps):
             arch=arch,
             headers=_header_paths(),
         )
-        lib = ctypes.CDLL(str(path))
-        if lib.rnncc_abi_version() != ABI_VERSION:
-            raise BuildError(
-                f"fused library {path} has ABI {lib.rnncc_abi_version()}, expected {ABI_VERSION}"
-            )
-        self._lib = lib
-        fwd = ctypes.cast(lib.rnncc_fused_forward, ctypes.c_void_p).value
-        bwd_fn = ctypes.cast(lib.rnncc_fused_backward, ctypes.c_void_p).value
-        assert fwd is not None and bwd_fn is not None
-        name = f"{self.stepwise.op_name}_fused_{path.parent.name.rsplit('-', 1)[-1]}"
+        self._lib, (fwd, bwd_fn) = _launchers(path, "rnncc_fused_forward", "rnncc_fused_backward")
+        name = f"{cell.name}_fused_{_key(path)}"
         with _lock:
-            self.forward_op = _define_ops(name, int(fwd), int(bwd_fn), self.stepwise.dims, "fused")
+            self.forward_op = _define_ops(name, fwd, bwd_fn, _dims(cell), "fused")
 
 
 _defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
