@@ -46,3 +46,19 @@ __device__ __forceinline__ float rnncc_sqrt(float x) { return sqrtf(x); }
 // torch.maximum / torch.minimum propagate NaN from either side (fmaxf would drop it).
 __device__ __forceinline__ float rnncc_max(float a, float b) { return (a != a || a > b) ? a : b; }
 __device__ __forceinline__ float rnncc_min(float a, float b) { return (a != a || a < b) ? a : b; }
+
+// Faster forms for the 16-bit (bf16 / fp16) tensor-core kernels, whose storage resolution is
+// 2^-8 (bf16) or 2^-11 (fp16): the hardware tanh (tanh.approx.f32, one MUFU op, relative error
+// about 2^-11) and a sigmoid with the approximate reciprocal (__fdividef, 2 ulp). A kernel
+// takes them with block-scope using-declarations, which hide the accurate ones above for the
+// generated code in that kernel only.
+namespace rnncc {
+namespace fast {
+__device__ __forceinline__ float rnncc_tanh(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+__device__ __forceinline__ float rnncc_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+}  // namespace fast
+}  // namespace rnncc

@@ -253,7 +253,7 @@ def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> 
         "kernels",
     ]
     kernels = sorted(p.name for p in (tmp_path / "pkg" / "kernels").iterdir())
-    assert kernels == ["indrnn_stepwise.cu", "rnncc_abi.h", "rnncc_ops.cuh"]
+    assert kernels == ["indrnn_stepwise.cu", "rnncc_abi.h", "rnncc_mma.cuh", "rnncc_ops.cuh"]
 
 
 def test_compile_writes_the_plan_for_given_sizes(capsys, tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from rnncc.codegen.templates import render_template
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.node import Node, toposort
 
-HEADERS = ("rnncc_abi.h", "rnncc_ops.cuh")
+HEADERS = ("rnncc_abi.h", "rnncc_ops.cuh", "rnncc_mma.cuh")
 _LEAF_PREFIX = {"state": "s_", "gate": "g_", "param": "p_", "dstate": "dn_", "dout": "do_"}
 
 
@@ -112,8 +112,9 @@ def forward_lines(cell: Cell) -> list[str]:
 
 @dataclass(frozen=True)
 class BackwardSpelling:
-    """How a backward kernel reads the cotangents of the new states and writes its results:
-    format strings over ``{k}`` (index on the axis) and ``{v}`` (the value)."""
+    """How a backward kernel reads the cotangents of the new states and of the outputs and
+    writes its results: format strings over ``{k}`` (index on the axis) and ``{v}`` (the
+    value)."""
 
     leaves: LeafSpelling
     dstate: str
@@ -121,6 +122,8 @@ class BackwardSpelling:
     d_rh: tuple[str, ...]
     d_bias: str
     d_param: str
+    dout: str = "rnncc::to_float(dy[{k} * yO])"
+    d_wx: str = "dWx[{k} * NHD] = rnncc::from_float<T>({v});"
 
 
 STEPWISE_BACKWARD = BackwardSpelling(
@@ -146,7 +149,7 @@ def backward_lines(bwd: BackwardCell, spell: BackwardSpelling = STEPWISE_BACKWAR
             lines.append(f"const float dn_{s} = {spell.dstate.format(k=k)};")
     for o, s in enumerate(cell.outputs):
         if ("dout", s) in used:
-            lines.append(f"const float do_{s} = rnncc::to_float(dy[{o} * yO]);")
+            lines.append(f"const float do_{s} = {spell.dout.format(k=o)};")
     lines.append("// the backward cell")
     lines += body.lines
     keys = (
@@ -163,7 +166,7 @@ def backward_lines(bwd: BackwardCell, spell: BackwardSpelling = STEPWISE_BACKWAR
         g = gate.name
         lines.append(f"const float d_{g} = {results[('gate', g)]};")
         if g in ix:
-            lines.append(f"dWx[{ix[g]} * NHD] = rnncc::from_float<T>(d_{g});")
+            lines.append(spell.d_wx.format(k=ix[g], v=f"d_{g}"))
         if g in ir:
             lines += [store.format(k=ir[g], v=f"d_{g}") for store in spell.d_rh]
         if g in ib:

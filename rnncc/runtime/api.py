@@ -161,11 +161,15 @@ class CompiledCell:
             return self._stepwise_ops(Wx.device)(Wx, R, b, states, params)
         return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
 
-    def fused_support(self, head_dim: int) -> str | None:
-        """None when the fused kernel runs this cell at ``head_dim``; else why it does not."""
+    def fused_support(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
+        """None when the fused kernel runs this cell at ``head_dim`` with storage ``dtype``;
+        else why it does not. float32 runs an FFMA product (fp32-accurate), float16 and
+        bfloat16 the tensor cores; their size limits differ."""
         from rnncc.codegen.fused import fused_support
 
-        return fused_support(self.ir, head_dim)
+        if dtype not in _CUDA_DTYPES:
+            return f"{dtype} is not a storage dtype of the CUDA backends"
+        return fused_support(self.ir, head_dim, str(dtype).removeprefix("torch."))
 
     def prepare(self, device: torch.device | str = "cuda", head_dim: int | None = None) -> None:
         """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at the
@@ -173,7 +177,9 @@ class CompiledCell:
         to call from several threads for different cells at once."""
         dev = torch.device(device)
         self._stepwise_ops(dev)
-        if head_dim is not None and self.fused_support(head_dim) is None:
+        if head_dim is not None and any(
+            self.fused_support(head_dim, dtype) is None for dtype in _CUDA_DTYPES
+        ):
             self._fused_ops(dev, head_dim)
 
     def _arch(self, device: torch.device) -> str:
@@ -218,7 +224,7 @@ class CompiledCell:
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
             if backend == "fused":
-                reason = self.fused_support(head_dim)
+                reason = self.fused_support(head_dim, Wx.dtype)
                 if reason is not None:
                     raise TilingError(
                         f"cell '{self.name}': no fused kernel for head dim {head_dim}: {reason}; "
@@ -233,11 +239,11 @@ class CompiledCell:
                     "over time steps); the CUDA backends store float32, float16 or bfloat16",
                 )
                 return "reference"
-            reason = self.fused_support(head_dim)
+            reason = self.fused_support(head_dim, Wx.dtype)
             if reason is None:
                 return "fused"
             self._warn_once(
-                f"stepwise-{head_dim}",
+                f"stepwise-{head_dim}-{Wx.dtype}",
                 f"no fused kernel for head dim {head_dim} ({reason}); running the stepwise "
                 "backend (one matrix product and one kernel launch per step)",
             )

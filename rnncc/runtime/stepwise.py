@@ -26,7 +26,7 @@ from typing import Any, TypedDict, cast
 import torch
 from torch import Tensor
 
-from rnncc.codegen.fused import fused_support, generate_fused
+from rnncc.codegen.fused import FUSED_DTYPES, fused_support, generate_fused
 from rnncc.codegen.stepwise import HEADERS, generate_stepwise
 from rnncc.config import get_config
 from rnncc.dump import dump
@@ -145,12 +145,14 @@ class StepwiseOps(_CellOps):
 
 class FusedOps(_CellOps):
     """The fused persistent forward and backward (block tier) of one cell for one head dim:
-    one launch each for the whole sequence."""
+    one launch each for the whole sequence; built when some storage dtype has a kernel at
+    that head dim (the caller checks ``fused_support`` for the dtype it launches)."""
 
     def __init__(self, cell: Cell, bwd: BackwardCell, arch: str, D: int):
-        reason = fused_support(cell, D)
-        if reason is not None:
-            raise TilingError(f"cell '{cell.name}': no fused kernel for head dim {D}: {reason}")
+        reasons = [fused_support(cell, D, dtype) for dtype in FUSED_DTYPES]
+        if all(reasons):
+            why = "; ".join(r for r in reasons if r)
+            raise TilingError(f"cell '{cell.name}': no fused kernel for head dim {D}: {why}")
         self.poison = get_config().poison
         with _lock:
             host_library(arch)

@@ -1,5 +1,6 @@
-"""Generated CUDA of the fused block-tier forward: golden files, the support limits, and nvcc
-compiling every example's kernel at two head dims for sm_90a with no register spills."""
+"""Generated CUDA of the fused block-tier kernels: golden files, the support limits of each
+product (FFMA for float32, tensor cores for bf16/fp16), and nvcc compiling every example's
+kernels at two head dims for sm_90a with no register spills."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ import pytest
 from test_stepwise_codegen import _compile, _nvcc
 
 import rnncc
-from rnncc.codegen.fused import MAX_HEAD_DIM, fused_support, generate_fused, threads_for
+from rnncc.codegen.fused import (
+    MAX_FFMA_HEAD_DIM,
+    fused_support,
+    generate_fused,
+    mma_fragment_registers,
+    mma_warps,
+    threads_for,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.rnn"))
@@ -30,16 +38,40 @@ def test_golden(path, update_golden):
     assert src.text == golden.read_text(), f"{src.filename} changed; review, then --update-golden"
 
 
-def test_support_limits():
+def test_support_limits_per_product():
     lstm = rnncc.load(ROOT / "examples" / "lstm.rnn").ir
-    assert fused_support(lstm, MAX_HEAD_DIM) is None
-    assert "head dim 65 > 64" in fused_support(lstm, 65)
+    for dtype in ("float32", "float16", "bfloat16"):
+        assert fused_support(lstm, MAX_FFMA_HEAD_DIM, dtype) is None
+    assert fused_support(lstm, 65, "float32") == (
+        "float32 (FFMA product): head dim 65 > 64: R rows no longer fit one thread's registers"
+    )
+    assert fused_support(lstm, 65, "float16") == (
+        "float16 (tensor-core product): head dim 65: R as mma fragments needs 40 registers per "
+        "thread (> 32)"
+    )
+    elman = rnncc.load(ROOT / "examples" / "elman.rnn").ir  # one gate of R: 128 units fit as mma
+    assert fused_support(elman, 128, "bfloat16") is None
+    assert "head dim 128 > 64" in fused_support(elman, 128, "float32")
+    assert mma_fragment_registers(lstm, 64) == 32 and mma_fragment_registers(elman, 128) == 32
+    with pytest.raises(ValueError, match="got 'float64'"):
+        fused_support(lstm, 64, "float64")
     assert threads_for(lstm, 64) == 256 and threads_for(lstm, 8) == 128
+    assert mma_warps(64) == 8 and mma_warps(8) == 1 and mma_warps(20) == 3
     (wide,), _ = rnncc.frontend.compile_source(
         "cell w(h) {\n  gates " + ", ".join(f"g{k}" for k in range(20)) + " = R h\n"
         "  h = " + " + ".join(f"g{k}" for k in range(20)) + "\n}\n"
     )
-    assert "1280 rows of R exceed the 1024 threads" in fused_support(wide, 64)
+    assert "1280 rows of R exceed the 1024 threads" in fused_support(wide, 64, "float32")
+    assert "needs 160 registers" in fused_support(wide, 64, "bfloat16")
+
+
+def test_each_product_is_generated_only_where_it_fits():
+    elman = rnncc.load(ROOT / "examples" / "elman.rnn")
+    both = generate_fused(elman.ir, elman.backward_ir, 64).text
+    assert "fused_forward_ffma<float>" in both and "fused_forward_mma<__nv_bfloat16>" in both
+    mma_only = generate_fused(elman.ir, elman.backward_ir, 128).text
+    assert "fused_forward_ffma" not in mma_only and "fused_backward_mma<__half>" in mma_only
+    assert "case RNNCC_F32" not in mma_only
 
 
 def test_batch_and_sequence_are_not_compiled_in():
@@ -54,6 +86,8 @@ def test_nvcc_compiles_every_example_without_spills(tmp_path):
     nvcc = _nvcc()
     cells = [rnncc.load(p) for p in EXAMPLES]
     sources = [generate_fused(c.ir, c.backward_ir, D) for c in cells for D in (24, 64)]
+    elman = next(c for c in cells if c.name == "elman")
+    sources.append(generate_fused(elman.ir, elman.backward_ir, 128))  # tensor-core kernels only
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         reports = list(pool.map(lambda s: _compile(nvcc, s, tmp_path), sources))
     for src, report in zip(sources, reports, strict=True):

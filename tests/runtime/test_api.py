@@ -271,12 +271,16 @@ def _cuda_like(dtype: torch.dtype = torch.bfloat16) -> Any:
 def test_fused_backend_names_the_limit_it_hits() -> None:
     cell = lstm()
     assert cell.fused_support(64) is None
-    assert cell.fused_support(65) == "head dim 65 > 64: R rows no longer fit one thread's registers"
+    assert cell.fused_support(65, torch.float32) == (
+        "float32 (FFMA product): head dim 65 > 64: R rows no longer fit one thread's registers"
+    )
+    assert "not a storage dtype" in cell.fused_support(64, torch.float64)
     with pytest.raises(rnncc.TilingError) as err:
         cell._choose("fused", _cuda_like(), 65)
     assert str(err.value) == (
-        "cell 'lstm': no fused kernel for head dim 65: head dim 65 > 64: R rows no longer fit "
-        "one thread's registers; use backend='stepwise' (or 'auto')"
+        "cell 'lstm': no fused kernel for head dim 65: bfloat16 (tensor-core product): head dim "
+        "65: R as mma fragments needs 40 registers per thread (> 32); use backend='stepwise' "
+        "(or 'auto')"
     )
     assert cell._choose("fused", _cuda_like(), 64) == "fused"
 

@@ -150,6 +150,7 @@ def test_write_package_replaces_an_earlier_package(tmp_path: Path) -> None:
         "cell.rnn",
         "kernels/gru_stepwise.cu",
         "kernels/rnncc_abi.h",
+        "kernels/rnncc_mma.cuh",
         "kernels/rnncc_ops.cuh",
     ]
     assert load_package(out / "cell.json").name == "gru"

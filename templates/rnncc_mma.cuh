@@ -1,0 +1,99 @@
+// rnncc tensor-core helpers: the warp-wide mma.sync.m16n8k16 product with fp32 accumulators
+// on 16-bit inputs (bf16 or fp16), and packing two floats into one 32-bit operand register.
+//
+// Fragment layout of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
+// g = lane / 4 and c = lane % 4:
+//   A (16 x 16, row-major), 4 registers: a0 = A[g][2c..2c+1],   a1 = A[g+8][2c..2c+1],
+//                                        a2 = A[g][2c+8..2c+9], a3 = A[g+8][2c+8..2c+9]
+//   B (16 x 8, k x n), 2 registers:      b0 = B[2c..2c+1][g],   b1 = B[2c+8..2c+9][g]
+//   C (16 x 8, fp32), 4 registers:       c0 = C[g][2c], c1 = C[g][2c+1],
+//                                        c2 = C[g+8][2c], c3 = C[g+8][2c+1]
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace rnncc {
+
+// Two floats rounded to the 16-bit type T, low half first (the lower k or column index).
+template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi) {
+  const __half2 v = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// c += A · B for one 16 x 8 x 16 tile, warp-wide; fp32 accumulation.
+template <typename T>
+__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
+                                         uint32_t b1);
+template <>
+__device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
+                                                        uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (&a)[4],
+                                                 uint32_t b0, uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+}  // namespace rnncc
+
+namespace rnncc {
+
+// Prefetch into L2 the elements [s, s + len) of the outer x inner slices
+// s = p + i * outer_stride + j * inner_stride (i < outer, j < inner), their 128-byte lines
+// shared out over the block's threads (thread `tid` of `nthreads`). A persistent kernel calls
+// this some steps ahead of the loads that need the data, so that they find it in L2: a DRAM
+// load can take longer than a whole step.
+template <typename E>
+__device__ __forceinline__ void l2_prefetch(const E* p, long long outer_stride, int outer,
+                                            long long inner_stride, int inner, int len,
+                                            int tid, int nthreads) {
+  const int lines = (len * (int)sizeof(E) + 127) / 128 + 1;  // +1: the slice may straddle
+  for (int k = tid; k < outer * inner * lines; k += nthreads) {
+    const int slice = k / lines, line = k % lines;
+    const E* s = p + (slice / inner) * outer_stride + (slice % inner) * inner_stride;
+    const char* at = reinterpret_cast<const char*>(reinterpret_cast<uintptr_t>(s) & ~uintptr_t(127)) + 128 * line;
+    if (at < reinterpret_cast<const char*>(s + len)) asm volatile("prefetch.global.L2 [%0];" ::"l"(at));
+  }
+}
+
+}  // namespace rnncc
+
+namespace rnncc {
+
+// Two adjacent elements in one access (p must be aligned to twice the element size).
+template <typename E> struct Pair;
+template <> struct Pair<float> { typedef float2 type; };
+template <> struct Pair<__half> { typedef __half2 type; };
+template <> struct Pair<__nv_bfloat16> { typedef __nv_bfloat162 type; };
+
+template <typename E>
+__device__ __forceinline__ void load_pair(const E* p, E& lo, E& hi) {
+  const typename Pair<E>::type v = *reinterpret_cast<const typename Pair<E>::type*>(p);
+  lo = v.x;
+  hi = v.y;
+}
+
+template <typename E>
+__device__ __forceinline__ void store_pair(E* p, E lo, E hi) {
+  typename Pair<E>::type v;
+  v.x = lo;
+  v.y = hi;
+  *reinterpret_cast<typename Pair<E>::type*>(p) = v;
+}
+
+}  // namespace rnncc
