@@ -112,7 +112,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// After a backward loop: dR = Σ_t dgᵀ h[t-1] as one einsum (a batched GEMM), db and dparams
+// After a backward loop: dR = Σ_t dgᵀ h[t-1] as one batched GEMM (one per head), db and dparams
 // as one reduction each over time and batch; returns (dWx, dR, db, dstates, dparams).
 Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hist,
                        const at::Tensor& dGr, const at::Tensor& dGb, const at::Tensor& dP,
@@ -122,8 +122,18 @@ Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hi
   at::Tensor dR = at::empty({0}, Wx.options()), db = at::empty({0}, Wx.options()),
              dparams = at::empty({0}, Wx.options());
   if (k.Gr) {
-    at::Tensor h_prev = hist.narrow(0, 0, T).select(1, k.rec);  // [T, NH, B, D]
-    dR = at::einsum("tnbk,tnbe->nke", {dGr, h_prev})
+    // Per head, dR = dGᵀ H over the T·B rows: both operands copied once to head-major
+    // [NH, T, B, ·] (rows stay contiguous, so the copies stream), the transpose left to the
+    // GEMM. 16-bit storage: the operands are rounded to that type (fp32 accumulation), as
+    // cuDNN does: half the bytes, and the GEMM runs on the tensor cores.
+    const auto gemm = dtype == at::kFloat ? at::kFloat : dtype;
+    const int64_t B = hist.size(3);
+    const auto opts = Wx.options().dtype(gemm);
+    at::Tensor G = at::empty({NH, T, B, k.Gr * D}, opts);
+    G.copy_(dGr.permute({1, 0, 2, 3}));
+    at::Tensor H = at::empty({NH, T, B, D}, opts);
+    H.copy_(hist.narrow(0, 0, T).select(1, k.rec).permute({1, 0, 2, 3}));  // h[t - 1]
+    dR = at::bmm(G.view({NH, T * B, k.Gr * D}).transpose(1, 2), H.view({NH, T * B, D}))
              .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype).contiguous();
   }
   const std::vector<int64_t> time_and_batch{0, 2};
@@ -180,6 +190,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
   return weight_gradients(k, Wx, hist, dGr, dGb, dP, dWx, dstates);
 }
 
+// A contiguous tensor whose data starts 16-byte aligned (the fused kernels read adjacent
+// elements as one access): a view that starts mid-way is copied.
+at::Tensor aligned_contiguous(const at::Tensor& t) {
+  at::Tensor c = t.contiguous();
+  return reinterpret_cast<uintptr_t>(c.data_ptr()) % 16 == 0 ? c : c.clone();
+}
+
 // The fused forward: one launch for the whole sequence; outputs laid out as stepwise_forward's
 // (hist and rh only when save), so stepwise_backward serves as its backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
@@ -189,7 +206,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor Wx = Wx_.contiguous(), R = opt(R_), bias = opt(b_), params = opt(params_);
+  const at::Tensor Wx = aligned_contiguous(Wx_), R = opt(R_), bias = opt(b_), params = opt(params_);
   const at::Tensor states = states_.contiguous();
   const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
   const auto f32 = Wx.options().dtype(at::kFloat);
@@ -226,7 +243,8 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
-  const at::Tensor Wx = Wx_.contiguous(), dy = dy_.contiguous(), dlast = dlast_.contiguous();
+  const at::Tensor Wx = aligned_contiguous(Wx_), dy = aligned_contiguous(dy_);
+  const at::Tensor dlast = dlast_.contiguous();
   const at::Tensor R = opt(R_), bias = opt(b_), params = opt(params_);
   const int64_t B = Wx.size(0), T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
   const auto f32 = Wx.options().dtype(at::kFloat);
