@@ -49,7 +49,8 @@ __device__ __forceinline__ float rnncc_min(float a, float b) { return (a != a ||
 
 // Faster forms for the 16-bit (bf16 / fp16) tensor-core kernels, whose storage resolution is
 // 2^-8 (bf16) or 2^-11 (fp16): the hardware tanh (tanh.approx.f32, one MUFU op, relative error
-// about 2^-11) and a sigmoid with the approximate reciprocal (__fdividef, 2 ulp). A kernel
+// about 2^-11), a sigmoid with the approximate reciprocal (__fdividef, 2 ulp), and log, log σ
+// and softplus on the fast logarithm (__logf) instead of logf / log1pf. A kernel
 // takes them with block-scope using-declarations, which hide the accurate ones above for the
 // generated code in that kernel only.
 namespace rnncc {
@@ -60,5 +61,14 @@ __device__ __forceinline__ float rnncc_tanh(float x) {
   return y;
 }
 __device__ __forceinline__ float rnncc_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+// __logf: absolute error below 2^-21 near 1, 2 ulp elsewhere. In log σ(x), log1p(e) for a tiny
+// e = exp(-|x|) becomes log(1 + e), which loses e < 2^-24 (absolute).
+__device__ __forceinline__ float rnncc_log(float x) { return __logf(x); }
+__device__ __forceinline__ float rnncc_logsigmoid(float x) {
+  return fminf(x, 0.0f) - __logf(1.0f + __expf(-fabsf(x)));
+}
+__device__ __forceinline__ float rnncc_softplus(float x) {
+  return x > 20.0f ? x : __logf(1.0f + __expf(x));
+}
 }  // namespace fast
 }  // namespace rnncc

@@ -335,7 +335,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
 // h (forward) and dg (backward) go through shared memory as the next product's operand,
 // double-buffered, so a step has one block barrier. The head dim is padded with zeros to
 // whole tiles. W x (and dy, the saved states, R·h) of step t ± 2 are loaded during step t.
-// tanh and sigmoid take their fast forms (rnncc_ops.cuh), well inside 16-bit resolution.
+// tanh, sigmoid, log, log σ and softplus take their fast forms (rnncc_ops.cuh), well inside
+// 16-bit resolution.
 constexpr int kWarps = (kD + 7) / 8;  // 8 units per warp
 constexpr int kMmaThreads = kWarps * 32;
 constexpr int kKP = (kD + 15) / 16 * 16;  // the head dim padded to whole k tiles
@@ -359,7 +360,10 @@ __device__ __forceinline__ float r_at(const T* R, int NH, int n, int gate, int o
 
 template <typename T>
 __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_fused_args a) {
+  using rnncc::fast::rnncc_log;
+  using rnncc::fast::rnncc_logsigmoid;
   using rnncc::fast::rnncc_sigmoid;
+  using rnncc::fast::rnncc_softplus;
   using rnncc::fast::rnncc_tanh;
   __shared__ __align__(16) T hsm[2][kBC][kHStride];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -509,7 +513,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
 // then dh += dgᵀ·R on the tensor cores.
 template <typename T>
 __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc_fused_bwd_args a) {
+  using rnncc::fast::rnncc_log;
+  using rnncc::fast::rnncc_logsigmoid;
   using rnncc::fast::rnncc_sigmoid;
+  using rnncc::fast::rnncc_softplus;
   using rnncc::fast::rnncc_tanh;
   __shared__ __align__(16) T dgs[2][kBC][kGStride];
   // Biases and params in shared memory rather than registers: the backward's registers go
