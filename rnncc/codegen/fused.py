@@ -154,9 +154,11 @@ def _mma_support(cell: Cell, D: int) -> str | None:
 
 def fused_support(cell: Cell, D: int, dtype: str = "bfloat16") -> str | None:
     """None when the block-tier kernel handles head dim ``D`` for storage ``dtype``
-    (``"float32"``, ``"float16"`` or ``"bfloat16"``); else the reason it does not (the same
-    limits the kernels state as static_asserts). float32 runs the FFMA kernels, whose
-    product is fp32-accurate; the 16-bit dtypes run the tensor-core kernels."""
+    (``"float32"``, ``"float16"`` or ``"bfloat16"``); else the reason it does not. float32
+    runs the FFMA kernels, whose product is fp32-accurate (their limits are also the kernels'
+    static_asserts); the 16-bit dtypes run the tensor-core kernels, whose register budget for
+    R's fragments (``MMA_FRAGMENT_REGISTERS``) keeps them free of spills, as the nvcc test
+    checks."""
     if dtype == "float32":
         reason = _ffma_support(cell, D)
         return None if reason is None else f"float32 (FFMA product): {reason}"
