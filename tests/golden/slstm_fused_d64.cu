@@ -493,6 +493,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   // are never stored), so that nothing in step t waits for the prefetch of step t + 1.
   typedef T WxRegs[kGx > 0 ? kGx : 1][2];
   auto load_wx = [&](const int t, WxRegs& w) {
+    if (a.T == 0) return;  // an empty sequence: W x has no element to read
     const long long step_off = (long long)(t < a.T ? t : a.T - 1) * kGx * NHD;
 #pragma unroll
     for (int q = 0; q < 2; ++q) {

@@ -250,3 +250,15 @@ def test_fused_reads_a_view_that_starts_unaligned(cells):
     (y_ref.float().sum() + last_ref.float().sum()).backward()
     assert torch.equal(y, y_ref) and torch.equal(last, last_ref)
     assert torch.equal(ins["Wx"].grad, ref["Wx"].grad)
+
+
+@pytest.mark.parametrize("backend", ["stepwise", "fused"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_empty_sequence_returns_the_initial_states(cells, backend, dtype):
+    cell = cells["lstm"]
+    x = {
+        k: None if v is None else v.cuda().to(dtype)
+        for k, v in random_inputs(cell.ir, 3, 0, 2, 16).items()
+    }
+    y, last = cell(*(x[k] for k in INPUTS), backend=backend)
+    assert y.shape[2] == 0 and torch.equal(last, x["states"])
