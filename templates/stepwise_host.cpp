@@ -126,9 +126,8 @@ Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hi
     // [NH, T, B, ·] (rows stay contiguous, so the copies stream), the transpose left to the
     // GEMM. 16-bit storage: the operands are rounded to that type (fp32 accumulation), as
     // cuDNN does: half the bytes, and the GEMM runs on the tensor cores.
-    const auto gemm = dtype == at::kFloat ? at::kFloat : dtype;
     const int64_t B = hist.size(3);
-    const auto opts = Wx.options().dtype(gemm);
+    const auto opts = Wx.options();  // the storage type
     at::Tensor G = at::empty({NH, T, B, k.Gr * D}, opts);
     G.copy_(dGr.permute({1, 0, 2, 3}));
     at::Tensor H = at::empty({NH, T, B, D}, opts);

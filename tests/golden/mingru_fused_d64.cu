@@ -358,6 +358,28 @@ __device__ __forceinline__ float r_at(const T* R, int NH, int n, int gate, int o
   return (gate < kGr && out < kD && in < kD) ? rnncc::to_float(R[(((long long)gate * NH + n) * kD + out) * kD + in]) : 0.0f;
 }
 
+// A lane's two adjacent units p[0], p[1] (backward): one access when the head dim is even
+// (both are inside it or neither is); else two, reading p[0] again for a second unit past the
+// head dim (hi false) and storing it only when inside, so no address outside the tensor is used.
+template <typename E>
+__device__ __forceinline__ void get2(const E* p, bool hi, E& lo_v, E& hi_v) {
+  if constexpr (kPaired) {
+    rnncc::load_pair(p, lo_v, hi_v);
+  } else {
+    lo_v = p[0];
+    hi_v = p[hi ? 1 : 0];
+  }
+}
+template <typename E>
+__device__ __forceinline__ void put2(E* p, bool hi, E lo_v, E hi_v) {
+  if constexpr (kPaired) {
+    rnncc::store_pair(p, lo_v, hi_v);
+  } else {
+    p[0] = lo_v;
+    if (hi) p[1] = hi_v;
+  }
+}
+
 template <typename T>
 __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_fused_args a) {
   using rnncc::fast::rnncc_log;
@@ -572,47 +594,25 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     T dy[kO][2];
   };
   const long long yO = (long long)a.B * a.T * NHD;
-  // Unconditional loads, as in the forward's load_wx: masked elements read element 0. With an
-  // even head dim a lane's two elements (adjacent units) are one aligned pair per access.
+  // Unconditional loads, as in the forward's load_wx: masked elements read element 0. A
+  // lane's two elements are adjacent units (get2).
   auto load_inputs = [&](const int t, Inputs& in) {
     if (t < 0) return;
     const long long row = ((long long)t * a.NH + n) * a.B + gb;
     const int d0 = 8 * warp + 2 * c4;
-    const bool live0 = d0 < kD && gb < a.B;
-    if constexpr (kPaired) {
-      const long long x_at = live0 ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d0 : 0;
-      const long long y_at = live0 ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d0 : 0;
-      const long long s_at = live0 ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
-      const long long rh_at = live0 ? row * kRows + d0 : 0;
+    const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
+    const long long x_at = live ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d0 : 0;
+    const long long y_at = live ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d0 : 0;
+    const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
+    const long long rh_at = live ? row * kRows + d0 : 0;
 #pragma unroll
-      for (int s = 0; s < kS; ++s) rnncc::load_pair(a.hist + s_at + (long long)s * a.NH * a.B * kD, in.s[s][0], in.s[s][1]);
+    for (int s = 0; s < kS; ++s) get2(a.hist + s_at + (long long)s * a.NH * a.B * kD, hi, in.s[s][0], in.s[s][1]);
 #pragma unroll
-      for (int k = 0; k < kGx; ++k) rnncc::load_pair(static_cast<const T*>(a.Wx) + x_at + k * NHD, in.wx[k][0], in.wx[k][1]);
+    for (int k = 0; k < kGx; ++k) get2(static_cast<const T*>(a.Wx) + x_at + k * NHD, hi, in.wx[k][0], in.wx[k][1]);
 #pragma unroll
-      for (int k = 0; k < kGr; ++k) rnncc::load_pair(a.rh + rh_at + k * kD, in.rh[k][0], in.rh[k][1]);
+    for (int k = 0; k < kGr; ++k) get2(a.rh + rh_at + k * kD, hi, in.rh[k][0], in.rh[k][1]);
 #pragma unroll
-      for (int o = 0; o < kO; ++o) rnncc::load_pair(static_cast<const T*>(a.dy) + y_at + o * yO, in.dy[o][0], in.dy[o][1]);
-    } else {
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int d = d0 + q;
-      const bool live = d < kD && gb < a.B;
-      const long long x_at = live ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d : 0;
-      const long long y_at = live ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d : 0;
-      const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d : 0;
-      const long long rh_at = live ? row * kRows + d : 0;
-      const T* Wx = static_cast<const T*>(a.Wx) + x_at;
-      const T* dy = static_cast<const T*>(a.dy) + y_at;
-#pragma unroll
-      for (int s = 0; s < kS; ++s) in.s[s][q] = a.hist[s_at + (long long)s * a.NH * a.B * kD];
-#pragma unroll
-      for (int k = 0; k < kGx; ++k) in.wx[k][q] = Wx[k * NHD];
-#pragma unroll
-      for (int k = 0; k < kGr; ++k) in.rh[k][q] = a.rh[rh_at + k * kD];
-#pragma unroll
-      for (int o = 0; o < kO; ++o) in.dy[o][q] = dy[o * yO];
-    }
-    }
+    for (int o = 0; o < kO; ++o) get2(static_cast<const T*>(a.dy) + y_at + o * yO, hi, in.dy[o][0], in.dy[o][1]);
   };
   const int b0 = blockIdx.y * kBC, rows = a.B - b0 < kBC ? a.B - b0 : kBC;
   auto prefetch = [&](const int t) {  // step t's inputs into L2 (see the forward)
@@ -668,39 +668,20 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of dGr/dGb/dP
     T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD;
     const int d0 = 8 * warp + 2 * c4;
-    if constexpr (kPaired) {
-      if (d0 < kD && gb < a.B) {
+    if (d0 < kD && gb < a.B) {
+      const bool hi = d0 + 1 < kD;
 #pragma unroll
-        for (int k = 0; k < kGx; ++k)
-          rnncc::store_pair(dWx + k * NHD + d0, rnncc::from_float<T>(o.wx[k][0]), rnncc::from_float<T>(o.wx[k][1]));
+      for (int k = 0; k < kGx; ++k)
+        put2(dWx + k * NHD + d0, hi, rnncc::from_float<T>(o.wx[k][0]), rnncc::from_float<T>(o.wx[k][1]));
 #pragma unroll
-        for (int k = 0; k < kGr; ++k) {
-          rnncc::store_pair(a.dGr + row * kRows + k * kD + d0, o.gr[k][0], o.gr[k][1]);
-          rnncc::store_pair(&dgs[t & 1][b][k * kKP + d0], rnncc::from_float<T>(o.gr[k][0]), rnncc::from_float<T>(o.gr[k][1]));
-        }
-#pragma unroll
-        for (int k = 0; k < kGb; ++k) rnncc::store_pair(a.dGb + row * (kGb * kD) + k * kD + d0, o.gb[k][0], o.gb[k][1]);
-#pragma unroll
-        for (int p = 0; p < kP; ++p) rnncc::store_pair(a.dP + row * (kP * kD) + p * kD + d0, o.p[p][0], o.p[p][1]);
+      for (int k = 0; k < kGr; ++k) {
+        put2(a.dGr + row * kRows + k * kD + d0, hi, o.gr[k][0], o.gr[k][1]);
+        put2(&dgs[t & 1][b][k * kKP + d0], hi, rnncc::from_float<T>(o.gr[k][0]), rnncc::from_float<T>(o.gr[k][1]));
       }
-    } else {
 #pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int d = d0 + q;
-        if (d < kD && gb < a.B) {
+      for (int k = 0; k < kGb; ++k) put2(a.dGb + row * (kGb * kD) + k * kD + d0, hi, o.gb[k][0], o.gb[k][1]);
 #pragma unroll
-          for (int k = 0; k < kGx; ++k) dWx[k * NHD + d] = rnncc::from_float<T>(o.wx[k][q]);
-#pragma unroll
-          for (int k = 0; k < kGr; ++k) {
-            a.dGr[row * kRows + k * kD + d] = o.gr[k][q];
-            dgs[t & 1][b][k * kKP + d] = rnncc::from_float<T>(o.gr[k][q]);
-          }
-#pragma unroll
-          for (int k = 0; k < kGb; ++k) a.dGb[row * (kGb * kD) + k * kD + d] = o.gb[k][q];
-#pragma unroll
-          for (int p = 0; p < kP; ++p) a.dP[row * (kP * kD) + p * kD + d] = o.p[p][q];
-        }
-      }
+      for (int p = 0; p < kP; ++p) put2(a.dP + row * (kP * kD) + p * kD + d0, hi, o.p[p][0], o.p[p][1]);
     }
     __syncthreads();
     float acc[kChains][4];

@@ -33,11 +33,13 @@ FUSED_CASES = pairwise(
 )
 
 #: Head dims outside the pairwise sample: tensor-core tiles that are partly padding (40 = 5
-#: warps of 8 units, 2.5 k tiles) and a head dim that only the tensor-core kernels run.
+#: warps of 8 units, 2.5 k tiles), a head dim that only the tensor-core kernels run, and an
+#: odd one (the backward's lanes then access their two units one at a time).
 EXTRA_FUSED_CASES = [
     {"example": "lstm", "dtype": "fp16", "B": 9, "D": 40, "NH": 2, "T": 33},
     {"example": "gru", "dtype": "bf16", "B": 20, "D": 56, "NH": 1, "T": 65},
     {"example": "elman", "dtype": "bf16", "B": 5, "D": 128, "NH": 2, "T": 40},
+    {"example": "slstm", "dtype": "bf16", "B": 6, "D": 9, "NH": 2, "T": 20},
 ]
 
 CASES = pairwise(
