@@ -11,7 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 3
+#define RNNCC_ABI_VERSION 4
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -45,7 +45,10 @@ typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);
 // The fused forward: the whole sequence in one launch (rnncc_fused_forward). Layouts as
 // above, plus: states, last [S, B, NH, D] storage; R [Gr, NH, D, D] storage (out x in);
 // hist [T + 1, S, NH, B, D] float32 and rh [T, NH, B, Gr * D] float32, both written only
-// when not null (they are what the backward reads).
+// when not null (they are what the backward reads); xchg: uint32 zeros, the grid tier's
+// exchange between the blocks of a head: values [2, NH, B, xchg_words], then flags
+// [2, NH, (B + 7) / 8, (D + 7) / 8] (xchg_words from the cell library's generator; 0 and null
+// for the block tier).
 typedef struct rnncc_fused_args {
   int B, T, NH, D;
   int dtype;
@@ -58,6 +61,8 @@ typedef struct rnncc_fused_args {
   void* last;
   float* hist;
   float* rh;
+  unsigned int* xchg;
+  int xchg_words;
 } rnncc_fused_args;
 
 typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, cudaStream_t stream);
@@ -66,7 +71,8 @@ typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, cudaStream_t stream)
 // hist and rh as the fused forward wrote them, dy [O, B, T, NH, D] and dlast [S, B, NH, D]
 // (storage); writes dWx (storage), dstates [S, B, NH, D] (storage) and, per step, the gate
 // cotangents dGr [T, NH, B, Gr * D], dGb [T, NH, B, Gb * D], dP [T, NH, B, P * D] (float32)
-// from which the host forms dR, db and dparams with one GEMM / reduction each.
+// from which the host forms dR, db and dparams with one GEMM / reduction each. xchg as in the
+// forward (zeroed again).
 typedef struct rnncc_fused_bwd_args {
   int B, T, NH, D;
   int dtype;
@@ -83,6 +89,8 @@ typedef struct rnncc_fused_bwd_args {
   float* dGr;
   float* dGb;
   float* dP;
+  unsigned int* xchg;
+  int xchg_words;
 } rnncc_fused_bwd_args;
 
 typedef int (*rnncc_fused_bwd_fn)(const rnncc_fused_bwd_args* args, cudaStream_t stream);

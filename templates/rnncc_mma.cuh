@@ -97,3 +97,93 @@ __device__ __forceinline__ void store_pair(E* p, E lo, E hi) {
 }
 
 }  // namespace rnncc
+
+namespace rnncc {
+
+// The grid tier's exchange between the blocks of one head: each value travels as one 32-bit
+// word, its 16-bit bits in the low half and the step's tag in the high half, stored and loaded
+// as relaxed gpu-scope accesses (single-copy atomic: a reader sees the value and its tag
+// together, so no fence and no flag is needed). A reader spins until every word it needs
+// carries the tag of the step it waits for; the buffer is zeroed before each launch and tags
+// are never 0. Double-buffered by step parity, so a value is overwritten only after every
+// block has read it (a block writes step s + 2 only after reading everybody's step s + 1,
+// which each wrote after reading step s).
+__device__ __forceinline__ unsigned xchg_tag(int s) { return (unsigned)(s % 32767) + 1u; }
+
+template <typename T> __device__ __forceinline__ unsigned short bits16(T v);
+template <> __device__ __forceinline__ unsigned short bits16<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+template <> __device__ __forceinline__ unsigned short bits16<__half>(__half v) { return __half_as_ushort(v); }
+
+template <typename T>
+__device__ __forceinline__ void xchg_put(unsigned* p, unsigned tag, T v) {
+  const unsigned w = (tag << 16) | bits16(v);
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
+}
+
+__device__ __forceinline__ uint4 xchg_load4(const unsigned* p) {
+  uint4 v;
+  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+
+__device__ __forceinline__ unsigned xchg_load1(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void xchg_flag(unsigned* p, unsigned tag) {
+  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(tag) : "memory");
+}
+
+// Waiting is done on flags, one word per (producing warp, step parity), stored by a warp once
+// its values are out: warp 0 polls the `count` flags from p until each carries `tag`, the
+// other warps wait at the barrier. Only then does the block read the values (xchg_gather),
+// which seldom has to wait any more: spinning on the values themselves, every block on every
+// word, floods the L2 slices that hold them (a step took 20 µs at 768 units). The flag is a
+// hint, not a guarantee (relaxed, no fence): the tags on the values stay the check.
+__device__ __forceinline__ void xchg_wait(const unsigned* p, int count, unsigned tag) {
+  if (threadIdx.x < 32)
+    for (int i = threadIdx.x; i < count; i += 32)
+      while (xchg_load1(p + i) != tag) {
+      }
+  __syncthreads();
+}
+
+// Rows [0, rows) x words [0, width) of an exchange slot (row stride `stride` words) into the
+// 16-bit shared-memory rows of dst (row stride `dstride` elements), once every word whose
+// unit (column % unit_pad) is below `units` carries `tag`; the others (padding, never
+// written: zero) are taken as they are. Loads go out kBatch per thread before any is waited
+// on. width and unit_pad are multiples of 4, stride of 4.
+template <typename T, int kThreads, int kBatch = 4>
+__device__ __forceinline__ void xchg_gather(const unsigned* src, long long stride, int width, int rows,
+                                            int unit_pad, int units, unsigned tag, T* dst, int dstride) {
+  const int per_row = width / 4, vecs = rows * per_row;
+  for (int base = threadIdx.x; base < vecs; base += kBatch * kThreads) {
+    uint4 v[kBatch];
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int k = base + i * kThreads;
+      if (k < vecs) v[i] = xchg_load4(src + (k / per_row) * stride + (k % per_row) * 4);
+    }
+#pragma unroll
+    for (int i = 0; i < kBatch; ++i) {
+      const int k = base + i * kThreads;
+      if (k < vecs) {
+        const int r = k / per_row, col = (k % per_row) * 4, live = units - col % unit_pad;
+        const unsigned* p = src + r * stride + col;
+        uint4 w = v[i];
+        while (!((live < 1 || (w.x >> 16) == tag) && (live < 2 || (w.y >> 16) == tag) &&
+                 (live < 3 || (w.z >> 16) == tag) && (live < 4 || (w.w >> 16) == tag)))
+          w = xchg_load4(p);
+        const uint2 out = make_uint2(__byte_perm(w.x, w.y, 0x5410), __byte_perm(w.z, w.w, 0x5410));
+        *reinterpret_cast<uint2*>(dst + r * dstride + col) = out;
+      }
+    }
+  }
+}
+
+}  // namespace rnncc

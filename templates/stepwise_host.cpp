@@ -20,13 +20,21 @@
 
 namespace {
 
+// The cell's sizes; X: the fused grid tier's exchange words per (head, batch row), 0 otherwise.
 struct Dims {
-  int64_t S, O, Gx, Gr, Gb, P, rec;
+  int64_t S, O, Gx, Gr, Gb, P, rec, X;
   explicit Dims(at::IntArrayRef d) {
-    TORCH_CHECK(d.size() == 7, "rnncc: dims must be [S, O, Gx, Gr, Gb, P, rec]");
-    S = d[0]; O = d[1]; Gx = d[2]; Gr = d[3]; Gb = d[4]; P = d[5]; rec = d[6];
+    TORCH_CHECK(d.size() == 8, "rnncc: dims must be [S, O, Gx, Gr, Gb, P, rec, X]");
+    S = d[0]; O = d[1]; Gx = d[2]; Gr = d[3]; Gb = d[4]; P = d[5]; rec = d[6]; X = d[7];
   }
 };
+
+// The grid tier's exchange buffer (rnncc_abi.h), zeroed (its tags must not match any step):
+// null when the kernels take none.
+at::Tensor exchange_buffer(const Dims& k, int64_t NH, int64_t B, int64_t D, const at::Tensor& like) {
+  const int64_t flags = 2 * NH * ((B + 7) / 8) * ((D + 7) / 8);
+  return k.X ? at::zeros({2 * NH * B * k.X + flags}, like.options().dtype(at::kInt)) : at::Tensor();
+}
 
 int dtype_code(at::ScalarType t) {
   switch (t) {
@@ -227,6 +235,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
+  const at::Tensor xchg = exchange_buffer(k, NH, B, D, Wx);
+  a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
+  a.xchg_words = static_cast<int>(k.X);
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)));
@@ -265,6 +276,9 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? fptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
+  const at::Tensor xchg = exchange_buffer(k, NH, B, D, Wx);
+  a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
+  a.xchg_words = static_cast<int>(k.X);
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)));

@@ -1,21 +1,26 @@
-"""Cell IR → the CUDA source of the fused persistent kernels, block tier.
+"""Cell IR → the CUDA source of the fused persistent kernels.
 
 Input: a forward ``Cell`` and the head dim ``D``. Output: ``GeneratedSource`` for
-``<cell>_fused_d<D>.cu`` (``templates/fused_block.cu.j2``): one thread block per (head, chunk of
-``BATCH_CHUNK`` batch rows) runs the whole sequence with R, the states, the biases and the
-params on chip; blocks never wait on each other. Two products, picked by the storage dtype:
+``<cell>_fused_d<D>.cu`` (``templates/fused_block.cu.j2``): R, the states, the biases and the
+params stay on chip for the whole sequence. Two tiers and two products:
 
-- float32: FFMA, one row of R per thread as float (fp32-accurate), ``fused_ffma.cuh.j2``;
-- bf16 / fp16: tensor cores (``mma.sync`` m16n8k16, fp32 accumulators), R as mma fragments
-  in registers, one warp per 8 units, the cell run on the accumulators, ``fused_mma.cuh.j2``.
+- block tier: one thread block per (head, chunk of ``BATCH_CHUNK`` batch rows); blocks never
+  wait on each other. float32 runs FFMA, one row of R per thread as float (fp32-accurate,
+  ``fused_ffma.cuh.j2``); bf16 / fp16 run tensor cores (``mma.sync`` m16n8k16, fp32
+  accumulators), R as mma fragments in registers, one warp per 8 units, the cell run on the
+  accumulators (``fused_mma.cuh.j2``);
+- grid tier (bf16 / fp16, heads too large for one SM, ``D <= MAX_GRID_HEAD_DIM``): a head's
+  8-unit slices on separate blocks of one cooperative launch, R's k split over a block's
+  warps, h (forward) and dg (backward) exchanged through global memory as tagged words, each
+  block waiting only for the values it reads (``fused_grid.cuh.j2``).
 
-``fused_support`` says, per dtype, whether ``D`` fits; everything else runs stepwise. The
-batch size stays a runtime value: the grid masks the last chunk.
+``fused_support`` says, per dtype, whether ``D`` fits and ``fused_tier`` which tier runs it;
+everything else runs stepwise. The batch size stays a runtime value: the last chunk is masked.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rnncc.codegen.stepwise import (
     BackwardSpelling,
@@ -36,7 +41,15 @@ FUSED_DTYPES = ("float32", "float16", "bfloat16")
 MAX_FFMA_HEAD_DIM = 64
 #: The tensor-core kernels keep R as mma fragments: at most this many registers per thread.
 MMA_FRAGMENT_REGISTERS = 32
+#: The block tier's tensor-core kernels take at most this many warps (8 units each): past 16,
+#: a thread's 64 registers no longer hold the cell without spills.
+MMA_BLOCK_WARPS = 16
 _SMEM_BYTES = 48 * 1024
+#: The grid tier runs one block per 8 units of a head, all resident at once: 128 blocks fit
+#: the 132 SMs of an H100 or H200.
+MAX_GRID_HEAD_DIM = 1024
+#: Dynamic shared memory a grid-tier block may take (sm_90: 227 KiB).
+_GRID_SMEM_BYTES = 227 * 1024
 
 FFMA_LEAVES = LeafSpelling(
     state="st[{k}][q]",
@@ -98,6 +111,14 @@ MMA_BACKWARD = BackwardSpelling(
 )
 
 
+#: The grid tier's backward: as the block tier's, but the biases and params in shared memory
+#: hold only the block's 8 units.
+GRID_BACKWARD = replace(
+    MMA_BACKWARD,
+    leaves=replace(MMA_BACKWARD.leaves, bias="bsm[{k}][d & 7]", param="psm[{k}][d & 7]"),
+)
+
+
 @dataclass(frozen=True)
 class KernelLines:
     """The generated lines one pair of kernels (forward, backward) splices in."""
@@ -142,8 +163,11 @@ def _ffma_support(cell: Cell, D: int) -> str | None:
 
 def _mma_support(cell: Cell, D: int) -> str | None:
     warps, regs = mma_warps(D), mma_fragment_registers(cell, D)
-    if warps > 32:
-        return f"head dim {D} needs {warps} warps of 8 units; a block has at most 32"
+    if warps > MMA_BLOCK_WARPS:
+        return (
+            f"head dim {D} needs {warps} warps of 8 units; the block tier takes at most "
+            f"{MMA_BLOCK_WARPS}"
+        )
     if regs > MMA_FRAGMENT_REGISTERS:
         return (
             f"head dim {D}: R as mma fragments needs {regs} registers per thread "
@@ -152,26 +176,87 @@ def _mma_support(cell: Cell, D: int) -> str | None:
     return None
 
 
+def _k_tiles(D: int) -> int:
+    return -(-D // 16)
+
+
+def grid_warps(cell: Cell, D: int) -> tuple[int, int]:
+    """Grid tier: the warps over which a block splits the k of R·h (16 / gate pairs k tiles
+    each, so that R's fragments take at most 64 registers) and of dgᵀ·R (24 gate-row k tiles
+    each while that takes at most 8 warps, else 32); at least one (fused_grid.cuh.j2)."""
+    gr = max(len(cell.gr_names), 1)
+    pairs = -(-gr // 2)
+    fw_kt = max(1, 16 // pairs)
+    bw = -(-(gr * _k_tiles(D)) // 24)
+    return -(-_k_tiles(D) // fw_kt), bw if bw <= 8 else -(-(gr * _k_tiles(D)) // 32)
+
+
+def exchange_words(cell: Cell, D: int) -> int:
+    """Grid tier: 32-bit exchange words per (head, batch row): the backward's gate rows (the
+    forward's h fits in them). The host allocates ``2 * NH * B`` rows of them, then the flags
+    (``rnncc_abi.h``)."""
+    return max(len(cell.gr_names), 1) * 16 * _k_tiles(D)
+
+
+def _grid_smem(cell: Cell, D: int) -> tuple[int, int]:
+    """Grid tier, 8 batch rows per block: the shared memory of the forward (h, the warps'
+    partial R·h) and of the backward (dg, the partial dgᵀ·R, the block's biases and params)."""
+    kp = 16 * _k_tiles(D)
+    pairs = -(-max(len(cell.gr_names), 1) // 2)
+    fw_warps, bw_warps = grid_warps(cell, D)
+    fw = 8 * (kp + 8) * 2 + fw_warps * pairs * 4 * 32 * 4
+    side = max(len(cell.gb_names), 1) + max(len(cell.params), 1)
+    bw = 8 * (exchange_words(cell, D) + 8) * 2 + bw_warps * 4 * 32 * 4 + side * 8 * 4
+    return fw, bw
+
+
+def _grid_support(cell: Cell, D: int) -> str | None:
+    pairs = -(-len(cell.gr_names) // 2)
+    if D > MAX_GRID_HEAD_DIM:
+        return f"head dim {D} > {MAX_GRID_HEAD_DIM}: a head's blocks no longer fit the GPU at once"
+    if pairs > 16:
+        return f"{len(cell.gr_names)} R h gates: one k tile of R takes {4 * pairs} registers (> 64)"
+    if max(grid_warps(cell, D)) > 32:
+        return f"head dim {D}: the product's k needs more than 32 warps per block"
+    if max(_grid_smem(cell, D)) > _GRID_SMEM_BYTES:
+        return f"head dim {D}: a block's exchange rows do not fit 227 KiB of shared memory"
+    return None
+
+
+def fused_tier(cell: Cell, D: int, dtype: str = "bfloat16") -> str | None:
+    """``"block"`` or ``"grid"``: the tier whose kernels run head dim ``D`` for storage
+    ``dtype``; None when neither does (``fused_support`` says why)."""
+    if fused_support(cell, D, dtype) is not None:
+        return None
+    return "grid" if dtype != "float32" and _mma_support(cell, D) is not None else "block"
+
+
 def fused_support(cell: Cell, D: int, dtype: str = "bfloat16") -> str | None:
-    """None when the block-tier kernel handles head dim ``D`` for storage ``dtype``
+    """None when a fused kernel handles head dim ``D`` for storage ``dtype``
     (``"float32"``, ``"float16"`` or ``"bfloat16"``); else the reason it does not. float32
-    runs the FFMA kernels, whose product is fp32-accurate (their limits are also the kernels'
-    static_asserts); the 16-bit dtypes run the tensor-core kernels, whose register budget for
-    R's fragments (``MMA_FRAGMENT_REGISTERS``) keeps them free of spills, as the nvcc test
-    checks."""
+    runs the block tier's FFMA kernels, whose product is fp32-accurate (their limits are also
+    the kernels' static_asserts; no fp32-accurate multi-SM product is built). The 16-bit
+    dtypes run the tensor-core kernels: the block tier where R's fragments fit the register
+    budget of one block (``MMA_FRAGMENT_REGISTERS``, which keeps them free of spills, as the
+    nvcc test checks), else the grid tier up to ``MAX_GRID_HEAD_DIM``."""
     if dtype == "float32":
         reason = _ffma_support(cell, D)
         return None if reason is None else f"float32 (FFMA product): {reason}"
     if dtype in ("float16", "bfloat16"):
-        reason = _mma_support(cell, D)
-        return None if reason is None else f"{dtype} (tensor-core product): {reason}"
+        block = _mma_support(cell, D)
+        if block is None:
+            return None
+        grid = _grid_support(cell, D)
+        if grid is None:
+            return None
+        return f"{dtype} (tensor-core product): block tier: {block}; grid tier: {grid}"
     raise ValueError(f"fused kernels store float32, float16 or bfloat16; got {dtype!r}")
 
 
-def _stores(cell: Cell, y: str, h: str, h_type: str) -> list[str]:
+def _stores(cell: Cell, y: str, h: str) -> list[str]:
     """A step's stores: the states into registers, the outputs into ``y`` (a format string
-    over ``{o}``), the states into the saved history, the recurrent state into ``h`` (shared
-    memory, of type ``h_type``)."""
+    over ``{o}``), the states into the saved history, the recurrent state through ``h`` (a
+    statement over ``{v}``: into shared memory, or published to the other blocks)."""
     lines = [f"st[{k}][q] = new_{s};" for k, s in enumerate(cell.state_names)]
     for o, s in enumerate(cell.outputs):
         lines.append(f"{y.format(o=o)} = rnncc::from_float<T>(new_{s});")
@@ -181,39 +266,60 @@ def _stores(cell: Cell, y: str, h: str, h_type: str) -> list[str]:
             f" + d] = new_{s};"
         )
     if cell.recurrent:
-        lines.append(f"{h} = rnncc::from_float<{h_type}>(new_{cell.recurrent});")
+        lines.append(h.format(v=f"new_{cell.recurrent}"))
     return lines
 
 
 def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
-    """The block-tier fused forward and backward of ``cell`` for head dim ``D``: the FFMA
-    kernels (float32) and the tensor-core kernels (bf16, fp16), each where it supports ``D``."""
+    """The fused forward and backward of ``cell`` for head dim ``D``: the FFMA kernels
+    (float32, block tier) and the tensor-core kernels (bf16, fp16; block tier, else grid
+    tier), each where it supports ``D``."""
     ffma = _ffma_support(cell, D) is None
     mma = _mma_support(cell, D) is None
-    if not (ffma or mma):
-        raise ValueError(f"no block-tier fused kernel for head dim {D}")
+    grid = not mma and _grid_support(cell, D) is None
+    if not (ffma or mma or grid):
+        raise ValueError(f"no fused kernel for head dim {D}")
     rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
     y_at = "(((long long){o} * a.B + gb) * a.T + t) * NHD + (long long)n * kD + d"
-    plan = [f"fused block tier: one block per (head, {BATCH_CHUNK} batch rows)"]
-    context: dict[str, object] = {"ffma": None, "mma": None}
+    y_mma = "Y[y0[q] + (long long)t * NHD + {o} * yO]"
+    plan = []
+    context: dict[str, object] = {"ffma": None, "mma": None, "grid": None}
     if ffma:
         threads = threads_for(cell, D)
-        plan.append(f"float32: FFMA, {threads} threads")
+        plan.append(f"float32: FFMA block tier, {threads} threads")
         context["ffma"] = KernelLines(
             update=update_lines(cell, FFMA_LEAVES),
-            stores=_stores(cell, "static_cast<T*>(a.y)[" + y_at + "]", "hs[d][b]", "float"),
+            stores=_stores(
+                cell,
+                "static_cast<T*>(a.y)[" + y_at + "]",
+                "hs[d][b] = rnncc::from_float<float>({v});",
+            ),
             backward=backward_lines(bwd, FFMA_BACKWARD),
             threads=threads,
         )
     if mma:
-        plan.append(f"bf16/fp16: mma.sync m16n8k16, {32 * mma_warps(D)} threads")
+        plan.append(f"bf16/fp16: mma.sync block tier, {32 * mma_warps(D)} threads")
         context["mma"] = KernelLines(
             update=update_lines(cell, MMA_LEAVES),
-            stores=_stores(
-                cell, "Y[y0[q] + (long long)t * NHD + {o} * yO]", "hsm[(t + 1) & 1][b][d]", "T"
-            ),
+            stores=_stores(cell, y_mma, "hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>({v});"),
             backward=backward_lines(bwd, MMA_BACKWARD),
             threads=32 * mma_warps(D),
+        )
+    if grid:
+        fw_warps, bw_warps = grid_warps(cell, D)
+        plan.append(
+            f"bf16/fp16: mma.sync grid tier, {-(-D // 8)} blocks per head and batch chunk, "
+            f"{fw_warps} / {bw_warps} product warps"
+        )
+        publish = (
+            "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + (long long)gb * kXWords + d, "
+            "rnncc::xchg_tag(t + 1), rnncc::from_float<T>({v}));"
+        )
+        context["grid"] = KernelLines(
+            update=update_lines(cell, MMA_LEAVES),
+            stores=_stores(cell, y_mma, publish),
+            backward=backward_lines(bwd, GRID_BACKWARD),
+            threads=32 * fw_warps,
         )
     text = render_template(
         "fused_block.cu.j2",

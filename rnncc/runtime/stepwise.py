@@ -26,7 +26,13 @@ from typing import Any, TypedDict, cast
 import torch
 from torch import Tensor
 
-from rnncc.codegen.fused import FUSED_DTYPES, fused_support, generate_fused
+from rnncc.codegen.fused import (
+    FUSED_DTYPES,
+    exchange_words,
+    fused_support,
+    fused_tier,
+    generate_fused,
+)
 from rnncc.codegen.stepwise import HEADERS, generate_stepwise
 from rnncc.config import get_config
 from rnncc.dump import dump
@@ -35,7 +41,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
 
-ABI_VERSION = 3
+ABI_VERSION = 4
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _lock = threading.Lock()
 
@@ -111,8 +117,9 @@ def _launchers(path: Path, *symbols: str) -> tuple[ctypes.CDLL, list[int]]:
     ]
 
 
-def _dims(cell: Cell) -> list[int]:
-    """The cell's sizes as the host loop takes them: [S, O, Gx, Gr, Gb, P, recurrent index]."""
+def _dims(cell: Cell, exchange: int = 0) -> list[int]:
+    """The cell's sizes as the host loop takes them: [S, O, Gx, Gr, Gb, P, recurrent index,
+    the grid tier's exchange words per (head, batch row) or 0]."""
     rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
     return [
         len(cell.states),
@@ -122,6 +129,7 @@ def _dims(cell: Cell) -> list[int]:
         len(cell.gb_names),
         len(cell.params),
         rec,
+        exchange,
     ]
 
 
@@ -144,7 +152,7 @@ class StepwiseOps(_CellOps):
 
 
 class FusedOps(_CellOps):
-    """The fused persistent forward and backward (block tier) of one cell for one head dim:
+    """The fused persistent forward and backward (block or grid tier) of one cell for one head dim:
     one launch each for the whole sequence; built when some storage dtype has a kernel at
     that head dim (the caller checks ``fused_support`` for the dtype it launches)."""
 
@@ -166,8 +174,10 @@ class FusedOps(_CellOps):
         )
         self._lib, (fwd, bwd_fn) = _launchers(path, "rnncc_fused_forward", "rnncc_fused_backward")
         name = f"{cell.name}_fused_{_key(path)}"
+        grid = any(fused_tier(cell, D, dtype) == "grid" for dtype in FUSED_DTYPES)
+        dims = _dims(cell, exchange_words(cell, D) if grid else 0)
         with _lock:
-            self.forward_op = _define_ops(name, fwd, bwd_fn, _dims(cell), "fused")
+            self.forward_op = _define_ops(name, fwd, bwd_fn, dims, "fused")
 
 
 _defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
@@ -197,7 +207,7 @@ def _define_ops(
     if _library is None:
         _library = torch.library.Library("rnncc", "FRAGMENT")
     lib = _library
-    S, O, _, Gr, _, _, _ = dims
+    S, O, _, Gr, _, _, _, _ = dims
     lib.define(_FORWARD_SCHEMA.format(name=name))
     lib.define(_BACKWARD_SCHEMA.format(name=name))
 

@@ -15,8 +15,11 @@ from test_stepwise_codegen import _compile, _nvcc
 import rnncc
 from rnncc.codegen.fused import (
     MAX_FFMA_HEAD_DIM,
+    exchange_words,
     fused_support,
+    fused_tier,
     generate_fused,
+    grid_warps,
     mma_fragment_registers,
     mma_warps,
     threads_for,
@@ -45,12 +48,18 @@ def test_support_limits_per_product():
     assert fused_support(lstm, 65, "float32") == (
         "float32 (FFMA product): head dim 65 > 64: R rows no longer fit one thread's registers"
     )
-    assert fused_support(lstm, 65, "float16") == (
-        "float16 (tensor-core product): head dim 65: R as mma fragments needs 40 registers per "
-        "thread (> 32)"
+    # Past the block tier, the 16-bit dtypes run the grid tier, up to MAX_GRID_HEAD_DIM.
+    assert fused_support(lstm, 65, "float16") is None
+    assert fused_tier(lstm, 64, "float16") == "block" and fused_tier(lstm, 65, "float16") == "grid"
+    assert fused_tier(lstm, 64, "float32") == "block" and fused_tier(lstm, 65, "float32") is None
+    assert fused_support(lstm, 1025, "bfloat16") == (
+        "bfloat16 (tensor-core product): block tier: head dim 1025 needs 129 warps of 8 units; "
+        "the block tier takes at most 16; grid tier: head dim 1025 > 1024: a head's blocks no "
+        "longer fit the GPU at once"
     )
+    assert grid_warps(lstm, 768) == (6, 8) and exchange_words(lstm, 768) == 4 * 768
     elman = rnncc.load(ROOT / "examples" / "elman.rnn").ir  # one gate of R: 128 units fit as mma
-    assert fused_support(elman, 128, "bfloat16") is None
+    assert fused_tier(elman, 128, "bfloat16") == "block"
     assert "head dim 128 > 64" in fused_support(elman, 128, "float32")
     assert mma_fragment_registers(lstm, 64) == 32 and mma_fragment_registers(elman, 128) == 32
     with pytest.raises(ValueError, match="got 'float64'"):
@@ -62,7 +71,16 @@ def test_support_limits_per_product():
         "  h = " + " + ".join(f"g{k}" for k in range(20)) + "\n}\n"
     )
     assert "1280 rows of R exceed the 1024 threads" in fused_support(wide, 64, "float32")
-    assert "needs 160 registers" in fused_support(wide, 64, "bfloat16")
+    assert fused_tier(wide, 64, "bfloat16") == "grid"  # the block tier would need 160 registers
+    (wider,), _ = rnncc.frontend.compile_source(
+        "cell w(h) {\n  gates " + ", ".join(f"g{k}" for k in range(34)) + " = R h\n"
+        "  h = " + " + ".join(f"g{k}" for k in range(34)) + "\n}\n"
+    )
+    assert fused_support(wider, 16, "bfloat16") == (
+        "bfloat16 (tensor-core product): block tier: head dim 16: R as mma fragments needs 68 "
+        "registers per thread (> 32); grid tier: 34 R h gates: one k tile of R takes 68 "
+        "registers (> 64)"
+    )
 
 
 def test_each_product_is_generated_only_where_it_fits():
@@ -81,6 +99,9 @@ def test_batch_and_sequence_are_not_compiled_in():
     assert not re.search(r"constexpr int k(B|T)\b", text)
 
 
+FOUR_GATES = ("lstm", "slstm", "peephole_lstm")
+
+
 @pytest.mark.slow
 def test_nvcc_compiles_every_example_without_spills(tmp_path):
     nvcc = _nvcc()
@@ -88,6 +109,10 @@ def test_nvcc_compiles_every_example_without_spills(tmp_path):
     sources = [generate_fused(c.ir, c.backward_ir, D) for c in cells for D in (24, 64)]
     elman = next(c for c in cells if c.name == "elman")
     sources.append(generate_fused(elman.ir, elman.backward_ir, 128))  # tensor-core kernels only
+    # The grid tier: every example at 256 units, and the 4-gate cells at 768. (At 1024 units
+    # the backward of the 4-gate cells spills: not yet in this test.)
+    sources += [generate_fused(c.ir, c.backward_ir, 256) for c in cells]
+    sources += [generate_fused(c.ir, c.backward_ir, 768) for c in cells if c.name in FOUR_GATES]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         reports = list(pool.map(lambda s: _compile(nvcc, s, tmp_path), sources))
     for src, report in zip(sources, reports, strict=True):

@@ -275,26 +275,28 @@ def test_fused_backend_names_the_limit_it_hits() -> None:
         "float32 (FFMA product): head dim 65 > 64: R rows no longer fit one thread's registers"
     )
     assert "not a storage dtype" in cell.fused_support(64, torch.float64)
+    assert cell._choose("fused", _cuda_like(), 65) == "fused"  # the grid tier
     with pytest.raises(rnncc.TilingError) as err:
-        cell._choose("fused", _cuda_like(), 65)
+        cell._choose("fused", _cuda_like(torch.float32), 65)
     assert str(err.value) == (
-        "cell 'lstm': no fused kernel for head dim 65: bfloat16 (tensor-core product): head dim "
-        "65: R as mma fragments needs 40 registers per thread (> 32); use backend='stepwise' "
-        "(or 'auto')"
+        "cell 'lstm': no fused kernel for head dim 65: float32 (FFMA product): head dim 65 > 64: "
+        "R rows no longer fit one thread's registers; use backend='stepwise' (or 'auto')"
     )
+    with pytest.raises(rnncc.TilingError, match="grid tier: head dim 1040 > 1024"):
+        cell._choose("fused", _cuda_like(), 1040)
     assert cell._choose("fused", _cuda_like(), 64) == "fused"
 
 
 def test_auto_picks_fused_where_it_fits_and_warns_once_otherwise() -> None:
     cell = lstm()
     assert cell._choose("auto", _cuda_like(), 64) == "fused"
-    with pytest.warns(rnncc.RnnccWarning, match="no fused kernel for head dim 200"):
-        assert cell._choose("auto", _cuda_like(), 200) == "stepwise"
+    with pytest.warns(rnncc.RnnccWarning, match="no fused kernel for head dim 2000"):
+        assert cell._choose("auto", _cuda_like(), 2000) == "stepwise"
     import warnings
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert cell._choose("auto", _cuda_like(), 200) == "stepwise"
+        assert cell._choose("auto", _cuda_like(), 2000) == "stepwise"
     with pytest.warns(rnncc.RnnccWarning, match="reference backend"):
         assert cell._choose("auto", _cuda_like(torch.float64), 64) == "reference"
 

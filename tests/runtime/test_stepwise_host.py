@@ -32,6 +32,7 @@ def test_fake_forward_and_backward_shapes(save):
         len(ir.gb_names),
         len(ir.params),
         rec,
+        0,  # no grid-tier exchange
     ]
     fwd = _define_ops(f"fake_probe_{save}", 0, 0, dims)
     B, T, NH, D = 2, 5, 3, 4
