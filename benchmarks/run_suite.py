@@ -9,8 +9,8 @@ Cells LSTM, GRU, sLSTM (``examples/``), bf16, hidden 768 unless said:
   PyTorch loop at bf16, B=16, 1×768 (few repeats: it is slow).
 
 Systems at every point: ``rnncc-stepwise`` (raw cell, ``Wx`` given), ``rnncc-stepwise-module``
-(``rnncc.RNN`` with its input projection), ``rnncc-fused[-module]`` (recorded unavailable until
-the fused kernel exists), and for LSTM/GRU ``torch.nn.LSTM``/``GRU`` (cuDNN) in fp16 and bf16:
+(``rnncc.RNN`` with its input projection), ``rnncc-fused[-module]`` (recorded unavailable where no
+fused kernel runs the size), and for LSTM/GRU ``torch.nn.LSTM``/``GRU`` (cuDNN) in fp16 and bf16:
 cuDNN has one dense head, so it runs once per (cell, B, T, hidden) with NH=1, D=hidden, and
 the report compares every head split with it. A point shared by several sweeps is measured
 once; its record lists the sweeps. Timing is ``rnncc.bench``'s (CUDA events, warm-up
@@ -113,7 +113,8 @@ def _key(system: str, case: Case) -> tuple[Any, ...]:
 
 
 def build_all(cells: dict[str, Any]) -> dict[str, Any]:
-    """Build (or load) every cell's stepwise libraries at once; wall time, per-cell times and
+    """Build (or load) every cell's stepwise libraries and its fused kernels at every head
+    dim of the plan, all at once; wall time, per-cell times (the slowest of its builds) and
     the libraries this run actually compiled (from the cache's builds.log)."""
     import torch
 
@@ -124,16 +125,19 @@ def build_all(cells: dict[str, Any]) -> dict[str, Any]:
     before = len(log.read_text().splitlines()) if log.exists() else 0
     arch = arch_of(torch.cuda.current_device())
 
-    def one(cell: Any) -> tuple[Any, float]:
+    def one(job: tuple[Any, int]) -> tuple[Any, float]:
+        cell, D = job
         t = time.perf_counter()
-        cell.prepare("cuda")
+        cell.prepare("cuda", head_dim=D)
         return cell, time.perf_counter() - t
 
+    head_dims = sorted({D for D, _ in HEAD_DIMS} | {D for _, D in SPLITS})
+    jobs = [(cell, D) for cell in cells.values() for D in head_dims]
     t0 = time.perf_counter()
-    per_cell = {}
-    with ThreadPoolExecutor(max_workers=len(cells)) as pool:
-        for cell, seconds in pool.map(one, cells.values()):
-            per_cell[cell.name] = round(seconds, 2)
+    per_cell: dict[str, float] = {}
+    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+        for cell, seconds in pool.map(one, jobs):
+            per_cell[cell.name] = max(per_cell.get(cell.name, 0.0), round(seconds, 2))
     built = log.read_text().splitlines()[before:] if log.exists() else []
     return {
         "arch": arch,
