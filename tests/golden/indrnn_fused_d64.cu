@@ -441,7 +441,6 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   // are never stored), so that nothing in step t waits for the prefetch of step t + 1.
   typedef T WxRegs[kGx > 0 ? kGx : 1][2];
   auto load_wx = [&](const int t, WxRegs& w) {
-    if (a.T == 0) return;  // an empty sequence: W x has no element to read
     const long long step_off = (long long)(t < a.T ? t : a.T - 1) * kGx * NHD;
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
@@ -500,8 +499,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
 
   // Three buffers in rotation, the loop unrolled by three so that they stay registers.
   WxRegs wa, wb, wc;
-  load_wx(0, wa);
-  load_wx(1, wb);
+  if (a.T > 0) {  // an empty sequence has no W x to read; else every load is clamped into it
+    load_wx(0, wa);
+    load_wx(1, wb);
+  }
   int t = 0;
   for (; t + 2 < a.T; t += 3) {
     step(t, wa, wc);
