@@ -46,9 +46,9 @@ typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);
 // above, plus: states, last [S, B, NH, D] storage; R [Gr, NH, D, D] storage (out x in);
 // hist [T + 1, S, NH, B, D] float32 and rh [T, NH, B, Gr * D] float32, both written only
 // when not null (they are what the backward reads); xchg: uint32 zeros, the grid tier's
-// exchange between the blocks of a head: values [2, NH, B, xchg_words], then flags
-// [2, NH, (B + 7) / 8, (D + 7) / 8] (xchg_words from the cell library's generator; 0 and null
-// for the block tier).
+// exchange between the blocks of a head: values [2, NH, B, xchg_words], then counters
+// [NH, (B + 7) / 8] (xchg_words from the cell library's generator; 0 and null for the block
+// tier).
 typedef struct rnncc_fused_args {
   int B, T, NH, D;
   int dtype;

@@ -103,9 +103,9 @@ namespace rnncc {
 // The grid tier's exchange between the blocks of one head: each value travels as one 32-bit
 // word, its 16-bit bits in the low half and the step's tag in the high half, stored and loaded
 // as relaxed gpu-scope accesses (single-copy atomic: a reader sees the value and its tag
-// together, so no fence and no flag is needed). A reader spins until every word it needs
-// carries the tag of the step it waits for; the buffer is zeroed before each launch and tags
-// are never 0. Double-buffered by step parity, so a value is overwritten only after every
+// together, so no fence is needed for correctness). A reader first waits on a counter
+// (xchg_wait), then spins until every word it needs carries the tag of the step it waits
+// for; the buffer is zeroed before each launch and tags are never 0. Double-buffered by step parity, so a value is overwritten only after every
 // block has read it (a block writes step s + 2 only after reading everybody's step s + 1,
 // which each wrote after reading step s).
 __device__ __forceinline__ unsigned xchg_tag(int s) { return (unsigned)(s % 32767) + 1u; }
@@ -135,21 +135,22 @@ __device__ __forceinline__ unsigned xchg_load1(const unsigned* p) {
   return v;
 }
 
-__device__ __forceinline__ void xchg_flag(unsigned* p, unsigned tag) {
-  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(tag) : "memory");
+// Waiting is done on counters, one per 8 batch rows of a head, to which each producing warp
+// adds 1 once its values of a step are out: warp 0 polls the block's counters (one lane each)
+// until they reach `target`, the other warps wait at the barrier. Only then does the block
+// read the values (xchg_gather), which seldom has to wait any more: spinning on the values
+// themselves, every block on every word, floods the L2 slices that hold them (a step took
+// 21 µs at 768 units; 6.1 µs with a flag per producing warp, every block polling all of them).
+// The count is a hint, not a guarantee (relaxed, no fence): the tags on the values stay the
+// check.
+__device__ __forceinline__ void xchg_count(unsigned* p) {
+  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
-// Waiting is done on flags, one word per (producing warp, step parity), stored by a warp once
-// its values are out: warp 0 polls the `count` flags from p until each carries `tag`, the
-// other warps wait at the barrier. Only then does the block read the values (xchg_gather),
-// which seldom has to wait any more: spinning on the values themselves, every block on every
-// word, floods the L2 slices that hold them (a step took 20 µs at 768 units). The flag is a
-// hint, not a guarantee (relaxed, no fence): the tags on the values stay the check.
-__device__ __forceinline__ void xchg_wait(const unsigned* p, int count, unsigned tag) {
-  if (threadIdx.x < 32)
-    for (int i = threadIdx.x; i < count; i += 32)
-      while (xchg_load1(p + i) != tag) {
-      }
+__device__ __forceinline__ void xchg_wait(const unsigned* counters, int count, unsigned target) {
+  if (threadIdx.x < count)
+    while (xchg_load1(counters + threadIdx.x) < target) {
+    }
   __syncthreads();
 }
 

@@ -31,9 +31,9 @@ struct Dims {
 
 // The grid tier's exchange buffer (rnncc_abi.h), zeroed (its tags must not match any step):
 // null when the kernels take none.
-at::Tensor exchange_buffer(const Dims& k, int64_t NH, int64_t B, int64_t D, const at::Tensor& like) {
-  const int64_t flags = 2 * NH * ((B + 7) / 8) * ((D + 7) / 8);
-  return k.X ? at::zeros({2 * NH * B * k.X + flags}, like.options().dtype(at::kInt)) : at::Tensor();
+at::Tensor exchange_buffer(const Dims& k, int64_t NH, int64_t B, const at::Tensor& like) {
+  const int64_t counters = NH * ((B + 7) / 8);
+  return k.X ? at::zeros({2 * NH * B * k.X + counters}, like.options().dtype(at::kInt)) : at::Tensor();
 }
 
 int dtype_code(at::ScalarType t) {
@@ -235,7 +235,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
-  const at::Tensor xchg = exchange_buffer(k, NH, B, D, Wx);
+  const at::Tensor xchg = exchange_buffer(k, NH, B, Wx);
   a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
   a.xchg_words = static_cast<int>(k.X);
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
@@ -276,7 +276,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? fptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
-  const at::Tensor xchg = exchange_buffer(k, NH, B, D, Wx);
+  const at::Tensor xchg = exchange_buffer(k, NH, B, Wx);
   a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
   a.xchg_words = static_cast<int>(k.X);
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);

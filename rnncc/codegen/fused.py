@@ -193,7 +193,7 @@ def grid_warps(cell: Cell, D: int) -> tuple[int, int]:
 
 def exchange_words(cell: Cell, D: int) -> int:
     """Grid tier: 32-bit exchange words per (head, batch row): the backward's gate rows (the
-    forward's h fits in them). The host allocates ``2 * NH * B`` rows of them, then the flags
+    forward's h fits in them). The host allocates ``2 * NH * B`` rows of them, then the counters
     (``rnncc_abi.h``)."""
     return max(len(cell.gr_names), 1) * 16 * _k_tiles(D)
 
