@@ -9,11 +9,11 @@ It validates the inputs (``ValueError`` naming the tensor, the expected and the 
 shape, dtype or device), fills defaults (declared initial states and params), picks a
 backend and records which one ran in ``last_backend``. Backends: ``"reference"`` (torch ops,
 any device), ``"stepwise"`` (CUDA: one matrix product and one generated pointwise kernel
-per step, built on first use), ``"fused"`` (the persistent forward, one launch per
-sequence, for head dims its block tier holds; ``TilingError`` with the reason otherwise;
-backward stepwise), ``"auto"`` (the reference on CPU; on CUDA the fastest available
-backend, warning once per cell when that is not the fused kernel, so slowness is never
-silent).
+per step, built on first use), ``"fused"`` (the persistent forward and backward, one launch
+each per sequence: the block tier for heads that fit one SM, the grid tier for bf16/fp16
+heads of up to 1024 units; ``TilingError`` with the reason otherwise), ``"auto"`` (the
+reference on CPU; on CUDA the fused kernel where one runs the size, else the stepwise
+backend with a warning once per cell, so slowness is never silent).
 """
 
 from __future__ import annotations
