@@ -13,6 +13,7 @@
 #include <torch/library.h>
 
 #include <limits>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -197,6 +198,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
   return weight_gradients(k, Wx, hist, dGr, dGb, dP, dWx, dstates);
 }
 
+// What a failed fused launch most likely means, for the error message.
+std::string fused_hint(int err, int64_t D) {
+  if (err != cudaErrorNotSupported) return "";
+  return " (the grid tier needs one block per 8 of the head's " + std::to_string(D) +
+         " units resident at once; this GPU has too few SMs: use backend='stepwise')";
+}
+
 // A contiguous tensor whose data starts 16-byte aligned (the fused kernels read adjacent
 // elements as one access): a view that starts mid-way is copied.
 at::Tensor aligned_contiguous(const at::Tensor& t) {
@@ -240,7 +248,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.xchg_words = static_cast<int>(k.X);
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)));
+              cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
   return {y, last, hist, rh};
 }
 
@@ -281,7 +289,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.xchg_words = static_cast<int>(k.X);
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)));
+              cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
   return weight_gradients(k, Wx, hist, dGr, dGb, dP, dWx, dstates);
 }
 
