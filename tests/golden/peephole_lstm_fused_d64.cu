@@ -410,6 +410,39 @@ __device__ __forceinline__ void put2(E* p, bool hi, E lo_v, E hi_v) {
   }
 }
 
+// What the backward cell of one step reads from global memory for a lane's two elements
+// (batch row gb, units d0 and d0 + 1): W x and dy as stored, converted where the cell reads
+// them. Loaded by load_step_inputs, shared by both tiers.
+template <typename T>
+struct StepInputs {
+  float s[kS][2];
+  T wx[kGx > 0 ? kGx : 1][2];
+  float rh[kGr > 0 ? kGr : 1][2];
+  T dy[kO][2];
+};
+
+// Step t's inputs of the lane (batch row gb of head n, units d0 and d0 + 1). The loads are
+// unconditional, as in the forwards' W x loads: masked elements read element 0; a lane's
+// two elements are adjacent units (get2).
+template <typename T>
+__device__ __forceinline__ void load_step_inputs(const rnncc_fused_bwd_args& a, const int t, const int n,
+                                                 const int gb, const int d0, StepInputs<T>& in) {
+  const long long NHD = (long long)a.NH * kD, yO = (long long)a.B * a.T * NHD;
+  const long long row = ((long long)t * a.NH + n) * a.B + gb;
+  const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
+  const long long x_at = live ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d0 : 0;
+  const long long y_at = live ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d0 : 0;
+  const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
+  const long long rh_at = live ? row * kRows + d0 : 0;
+#pragma unroll
+  for (int s = 0; s < kS; ++s) get2(a.hist + s_at + (long long)s * a.NH * a.B * kD, hi, in.s[s][0], in.s[s][1]);
+#pragma unroll
+  for (int k = 0; k < kGx; ++k) get2(static_cast<const T*>(a.Wx) + x_at + k * NHD, hi, in.wx[k][0], in.wx[k][1]);
+#pragma unroll
+  for (int k = 0; k < kGr; ++k) get2(a.rh + rh_at + k * kD, hi, in.rh[k][0], in.rh[k][1]);
+#pragma unroll
+  for (int o = 0; o < kO; ++o) get2(static_cast<const T*>(a.dy) + y_at + o * yO, hi, in.dy[o][0], in.dy[o][1]);
+}
 // Tensor-core kernels (bf16 / fp16 storage): mma.sync m16n8k16 with fp32 accumulators.
 // Warp w owns the units [8w, 8w + 8) of the head and keeps their part of R in registers, as
 // mma fragments, for the whole sequence; a lane runs the generated cell on two elements, and
@@ -650,34 +683,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   }
   __syncthreads();
 
-  // What the backward cell of one step reads from global memory, per element (W x and dy
-  // as stored, converted where the cell reads them: see the forward's load_wx).
-  struct Inputs {
-    float s[kS][2];
-    T wx[kGx > 0 ? kGx : 1][2];
-    float rh[kGr > 0 ? kGr : 1][2];
-    T dy[kO][2];
-  };
+  typedef StepInputs<T> Inputs;
   const long long yO = (long long)a.B * a.T * NHD;
-  // Unconditional loads, as in the forward's load_wx: masked elements read element 0. A
-  // lane's two elements are adjacent units (get2).
   auto load_inputs = [&](const int t, Inputs& in) {
-    if (t < 0) return;
-    const long long row = ((long long)t * a.NH + n) * a.B + gb;
-    const int d0 = 8 * warp + 2 * c4;
-    const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
-    const long long x_at = live ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d0 : 0;
-    const long long y_at = live ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d0 : 0;
-    const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
-    const long long rh_at = live ? row * kRows + d0 : 0;
-#pragma unroll
-    for (int s = 0; s < kS; ++s) get2(a.hist + s_at + (long long)s * a.NH * a.B * kD, hi, in.s[s][0], in.s[s][1]);
-#pragma unroll
-    for (int k = 0; k < kGx; ++k) get2(static_cast<const T*>(a.Wx) + x_at + k * NHD, hi, in.wx[k][0], in.wx[k][1]);
-#pragma unroll
-    for (int k = 0; k < kGr; ++k) get2(a.rh + rh_at + k * kD, hi, in.rh[k][0], in.rh[k][1]);
-#pragma unroll
-    for (int o = 0; o < kO; ++o) get2(static_cast<const T*>(a.dy) + y_at + o * yO, hi, in.dy[o][0], in.dy[o][1]);
+    if (t >= 0) load_step_inputs(a, t, n, gb, 8 * warp + 2 * c4, in);
   };
   const int b0 = blockIdx.y * kBC, rows = a.B - b0 < kBC ? a.B - b0 : kBC;
   auto prefetch = [&](const int t) {  // step t's inputs into L2 (see the forward)
