@@ -11,7 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 4
+#define RNNCC_ABI_VERSION 5
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -69,9 +69,10 @@ typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, cudaStream_t stream)
 
 // The fused backward (rnncc_fused_backward): the whole reverse sequence in one launch. Reads
 // hist and rh as the fused forward wrote them, dy [O, B, T, NH, D] and dlast [S, B, NH, D]
-// (storage); writes dWx (storage), dstates [S, B, NH, D] (storage) and, per step, the gate
-// cotangents dGr [T, NH, B, Gr * D], dGb [T, NH, B, Gb * D], dP [T, NH, B, P * D] (float32)
-// from which the host forms dR, db and dparams with one GEMM / reduction each. xchg as in the
+// (storage); writes dWx (storage), dstates [S, B, NH, D] (storage), the gate cotangents of
+// every step dGr [NH, T, B, Gr * D] (storage dtype, head-major: the operand of the host's dR
+// GEMM as it is), and the bias and param cotangents summed over time, dGb [B, NH, Gb * D]
+// and dP [B, NH, P * D] (float32), which the host sums over the batch. xchg as in the
 // forward (zeroed again).
 typedef struct rnncc_fused_bwd_args {
   int B, T, NH, D;
@@ -86,7 +87,7 @@ typedef struct rnncc_fused_bwd_args {
   const void* dlast;
   void* dWx;
   void* dstates;
-  float* dGr;
+  void* dGr;
   float* dGb;
   float* dP;
   unsigned int* xchg;

@@ -13,6 +13,8 @@
 #include <cuda_fp16.h>
 #include <stdint.h>
 
+#include <type_traits>
+
 namespace rnncc {
 
 // Two floats rounded to the 16-bit type T, low half first (the lower k or column index).

@@ -121,32 +121,30 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
-// After a backward loop: dR = Σ_t dgᵀ h[t-1] as one batched GEMM (one per head), db and dparams
-// as one reduction each over time and batch; returns (dWx, dR, db, dstates, dparams).
+// After a backward loop: dR = Σ_t dgᵀ h[t-1] as one batched GEMM (one per head) from G, the
+// gate cotangents [NH, T, B, Gr * D] in the storage type (rounded to it, with fp32
+// accumulation, as cuDNN does: half the bytes, and the GEMM runs on the tensor cores); db and
+// dparams as one sum each of dGb / dP over the dims `rows`, which leave [NH, G * D]; returns
+// (dWx, dR, db, dstates, dparams).
 Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hist,
-                       const at::Tensor& dGr, const at::Tensor& dGb, const at::Tensor& dP,
-                       const at::Tensor& dWx, const at::Tensor& dstates) {
+                       const at::Tensor& G, const at::Tensor& dGb, const at::Tensor& dP,
+                       at::IntArrayRef rows, const at::Tensor& dWx, const at::Tensor& dstates) {
   const int64_t T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
   const auto dtype = Wx.scalar_type();
   at::Tensor dR = at::empty({0}, Wx.options()), db = at::empty({0}, Wx.options()),
              dparams = at::empty({0}, Wx.options());
   if (k.Gr) {
-    // Per head, dR = dGᵀ H over the T·B rows: both operands copied once to head-major
-    // [NH, T, B, ·] (rows stay contiguous, so the copies stream), the transpose left to the
-    // GEMM. 16-bit storage: the operands are rounded to that type (fp32 accumulation), as
-    // cuDNN does: half the bytes, and the GEMM runs on the tensor cores.
+    // Per head, dR = Gᵀ H over the T·B rows; h[t - 1] copied once to head-major [NH, T, B, D]
+    // in the storage type (rows stay contiguous, so the copy streams), the transpose left to
+    // the GEMM.
     const int64_t B = hist.size(3);
-    const auto opts = Wx.options();  // the storage type
-    at::Tensor G = at::empty({NH, T, B, k.Gr * D}, opts);
-    G.copy_(dGr.permute({1, 0, 2, 3}));
-    at::Tensor H = at::empty({NH, T, B, D}, opts);
-    H.copy_(hist.narrow(0, 0, T).select(1, k.rec).permute({1, 0, 2, 3}));  // h[t - 1]
+    at::Tensor H = at::empty({NH, T, B, D}, Wx.options());
+    H.copy_(hist.narrow(0, 0, T).select(1, k.rec).permute({1, 0, 2, 3}));
     dR = at::bmm(G.view({NH, T * B, k.Gr * D}).transpose(1, 2), H.view({NH, T * B, D}))
              .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype).contiguous();
   }
-  const std::vector<int64_t> time_and_batch{0, 2};
-  if (k.Gb) db = dGb.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
-  if (k.P) dparams = dP.sum(at::OptionalIntArrayRef(time_and_batch)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  if (k.Gb) db = dGb.sum(at::OptionalIntArrayRef(rows)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  if (k.P) dparams = dP.sum(at::OptionalIntArrayRef(rows)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
   return {dWx, dR, db, dstates, dparams};
 }
 
@@ -195,7 +193,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
   }
   at::Tensor dstates = at::empty({k.S, B, NH, D}, Wx.options());
   dstates.copy_(ds[cur].permute({0, 2, 1, 3}));
-  return weight_gradients(k, Wx, hist, dGr, dGb, dP, dWx, dstates);
+  at::Tensor G;
+  if (k.Gr) {
+    G = at::empty({NH, T, B, k.Gr * D}, Wx.options());
+    G.copy_(dGr.permute({1, 0, 2, 3}));
+  }
+  const std::vector<int64_t> time_and_batch{0, 2};  // of [T, NH, B, ·]
+  return weight_gradients(k, Wx, hist, G, dGb, dP, time_and_batch, dWx, dstates);
 }
 
 // What a failed fused launch most likely means, for the error message.
@@ -268,9 +272,9 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   const auto f32 = Wx.options().dtype(at::kFloat);
   at::Tensor dWx = at::empty_like(Wx);
   at::Tensor dstates = at::empty({k.S, B, NH, D}, Wx.options());
-  at::Tensor dGr = k.Gr ? at::empty({T, NH, B, k.Gr * D}, f32) : at::Tensor();
-  at::Tensor dGb = k.Gb ? at::empty({T, NH, B, k.Gb * D}, f32) : at::Tensor();
-  at::Tensor dP = k.P ? at::empty({T, NH, B, k.P * D}, f32) : at::Tensor();
+  at::Tensor dGr = k.Gr ? at::empty({NH, T, B, k.Gr * D}, Wx.options()) : at::Tensor();
+  at::Tensor dGb = k.Gb ? at::empty({B, NH, k.Gb * D}, f32) : at::Tensor();  // summed over time
+  at::Tensor dP = k.P ? at::empty({B, NH, k.P * D}, f32) : at::Tensor();
   if (poison_outputs) {
     poison(dWx); poison(dstates); poison(dGr); poison(dGb); poison(dP);
   }
@@ -281,7 +285,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.hist = cfptr(hist); a.rh = k.Gr ? cfptr(rh) : nullptr;
   a.dy = cptr(dy); a.dlast = cptr(dlast);
   a.dWx = mptr(dWx); a.dstates = mptr(dstates);
-  a.dGr = k.Gr ? fptr(dGr) : nullptr;
+  a.dGr = k.Gr ? mptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
   const at::Tensor xchg = exchange_buffer(k, NH, B, Wx);
@@ -290,7 +294,8 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
-  return weight_gradients(k, Wx, hist, dGr, dGb, dP, dWx, dstates);
+  const std::vector<int64_t> batch{0};  // of [B, NH, ·]
+  return weight_gradients(k, Wx, hist, dGr, dGb, dP, batch, dWx, dstates);
 }
 
 }  // namespace

@@ -71,19 +71,25 @@ FFMA_BACKWARD_LEAVES = LeafSpelling(
 )
 
 
+#: The gate cotangents go to shared memory (the product's operand) and, in the storage type,
+#: to the head-major dGr of the host's dR GEMM; bias and param cotangents are summed over
+#: time in registers (each thread keeps its elements for the whole sequence).
 FFMA_BACKWARD = BackwardSpelling(
     leaves=FFMA_BACKWARD_LEAVES,
     dstate="ds[{k}][q]",
     d_state="nd[{k}][q] = {v};",
-    d_rh=("dgs[{k} * kD + d][b] = {v};", "a.dGr[row * kRows + {k} * kD + d] = {v};"),
-    d_bias="a.dGb[row * (kGb * kD) + {k} * kD + d] = {v};",
-    d_param="a.dP[row * (kP * kD) + {k} * kD + d] = {v};",
+    d_rh=(
+        "dgs[{k} * kD + d][b] = {v};",
+        "static_cast<T*>(a.dGr)[grow * kRows + {k} * kD + d] = rnncc::from_float<T>({v});",
+    ),
+    d_bias="gbacc[{k}][q] += {v};",
+    d_param="pacc[{k}][q] += {v};",
 )
 
 
 MMA_LEAVES = LeafSpelling(
     state="st[{k}][q]",
-    wx="rnncc::to_float(wxv[{k}][q])",
+    wx="bits_float<T>(wxv[{k}][q])",
     rh="acc[{k} / 2][{k} % 2 * 2 + q]",
     bias="bv[{k}][q]",
     param="pv[{k}][q]",
@@ -96,7 +102,7 @@ MMA_LEAVES = LeafSpelling(
 MMA_BACKWARD = BackwardSpelling(
     leaves=LeafSpelling(
         state="cur.s[{k}][q]",
-        wx="rnncc::to_float(cur.wx[{k}][q])",
+        wx="raw_float<T>(cur.wx[{k}], q)",
         rh="cur.rh[{k}][q]",
         bias="bsm[{k}][d]",
         param="psm[{k}][d]",
@@ -106,7 +112,7 @@ MMA_BACKWARD = BackwardSpelling(
     d_rh=("o.gr[{k}][q] = {v};",),
     d_bias="o.gb[{k}][q] = {v};",
     d_param="o.p[{k}][q] = {v};",
-    dout="rnncc::to_float(cur.dy[{k}][q])",
+    dout="raw_float<T>(cur.dy[{k}], q)",
     d_wx="o.wx[{k}][q] = {v};",
 )
 

@@ -240,6 +240,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
   float ds[kS][kElemsPerThread];
   float pv[kP > 0 ? kP : 1][kElemsPerThread];
   float bv[kGb > 0 ? kGb : 1][kElemsPerThread];
+  float gbacc[kGb > 0 ? kGb : 1][kElemsPerThread];  // the bias and param cotangents, summed over time
+  float pacc[kP > 0 ? kP : 1][kElemsPerThread];
 #pragma unroll
   for (int q = 0; q < kElemsPerThread; ++q) {
     const int j = tid + q * kThreads;
@@ -253,6 +255,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
 #pragma unroll
     for (int p = 0; p < kP; ++p)
       pv[p][q] = j < kElems ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < (kGb > 0 ? kGb : 1); ++k) gbacc[k][q] = 0.0f;
+#pragma unroll
+    for (int p = 0; p < (kP > 0 ? kP : 1); ++p) pacc[p][q] = 0.0f;
   }
 
   for (int t = a.T - 1; t >= 0; --t) {
@@ -264,12 +270,13 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
 #pragma unroll
       for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
       if (j < kElems && gb < a.B) {
-        const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of dGr/dGb/dP
+        const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of rh
+        const long long grow = ((long long)n * a.T + t) * a.B + gb;  // (n, t, gb) of dGr
         const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
         const T* dy = static_cast<const T*>(a.dy) + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
         T* dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
         const long long yO = (long long)a.B * a.T * NHD;
-        (void)row; (void)Wx; (void)dy; (void)dWx; (void)yO;
+        (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_c = a.hist[((((long long)t * kS + 1) * a.NH + n) * a.B + gb) * kD + d];
         const float s_n = a.hist[((((long long)t * kS + 2) * a.NH + n) * a.B + gb) * kD + d];
@@ -311,23 +318,23 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         const float d_i = v_t10 + (s_n == 0.0f ? v_t11 : 0.0f) + (g_i > v_t1 ? v_t12 : v_t13);
         dWx[0 * NHD] = rnncc::from_float<T>(d_i);
         dgs[0 * kD + d][b] = d_i;
-        a.dGr[row * kRows + 0 * kD + d] = d_i;
-        a.dGb[row * (kGb * kD) + 0 * kD + d] = d_i;
+        static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_i);
+        gbacc[0][q] += d_i;
         const float d_f = v_t14 * rnncc_sigmoid(-g_f);
         dWx[1 * NHD] = rnncc::from_float<T>(d_f);
         dgs[1 * kD + d][b] = d_f;
-        a.dGr[row * kRows + 1 * kD + d] = d_f;
-        a.dGb[row * (kGb * kD) + 1 * kD + d] = d_f;
+        static_cast<T*>(a.dGr)[grow * kRows + 1 * kD + d] = rnncc::from_float<T>(d_f);
+        gbacc[1][q] += d_f;
         const float d_z = v_t5 * v_ig * (1.0f - v_t6 * v_t6);
         dWx[2 * NHD] = rnncc::from_float<T>(d_z);
         dgs[2 * kD + d][b] = d_z;
-        a.dGr[row * kRows + 2 * kD + d] = d_z;
-        a.dGb[row * (kGb * kD) + 2 * kD + d] = d_z;
+        static_cast<T*>(a.dGr)[grow * kRows + 2 * kD + d] = rnncc::from_float<T>(d_z);
+        gbacc[2][q] += d_z;
         const float d_o = v_t3 * v_t7 * (1.0f - v_t4) * v_t4;
         dWx[3 * NHD] = rnncc::from_float<T>(d_o);
         dgs[3 * kD + d][b] = d_o;
-        a.dGr[row * kRows + 3 * kD + d] = d_o;
-        a.dGb[row * (kGb * kD) + 3 * kD + d] = d_o;
+        static_cast<T*>(a.dGr)[grow * kRows + 3 * kD + d] = rnncc::from_float<T>(d_o);
+        gbacc[3][q] += d_o;
       } else if (j < kElems) {
 #pragma unroll
         for (int r = 0; r < kGr; ++r) dgs[r * kD + d][b] = 0.0f;
@@ -382,6 +389,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
 #pragma unroll
       for (int s = 0; s < kS; ++s)
         static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(ds[s][q]);
+#pragma unroll
+      for (int k = 0; k < kGb; ++k) a.dGb[((long long)gb * a.NH + n) * (kGb * kD) + k * kD + d] = gbacc[k][q];
+#pragma unroll
+      for (int p = 0; p < kP; ++p) a.dP[((long long)gb * a.NH + n) * (kP * kD) + p * kD + d] = pacc[p][q];
     }
   }
 }
@@ -426,15 +437,49 @@ __device__ __forceinline__ void put2(E* p, bool hi, E lo_v, E hi_v) {
   }
 }
 
+// 16-bit inputs loaded ahead stay in their 32-bit registers exactly as loaded until the cell
+// reads them: any operation on a loaded value, even merging two 16-bit halves into one
+// register, waits for the load, and would bring a memory latency back into every step.
+//
+// bits_float: the 16-bit T in the low half of w (a load of one element), as float.
+template <typename T>
+__device__ __forceinline__ float bits_float(const uint32_t w) {
+  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    return __uint_as_float(w << 16);
+  } else {
+    return rnncc::to_float(__ushort_as_half((unsigned short)(w & 0xffffu)));
+  }
+}
+// A lane's two adjacent units as loaded by get2_raw: one 32-bit word (w[0]) when the head dim
+// is even, else one element per word.
+template <typename T>
+__device__ __forceinline__ void get2_raw(const T* p, bool hi, uint32_t (&w)[2]) {
+  if constexpr (kPaired) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+    w[1] = 0u;
+  } else {
+    w[0] = *reinterpret_cast<const unsigned short*>(p);
+    w[1] = *reinterpret_cast<const unsigned short*>(p + (hi ? 1 : 0));
+  }
+}
+template <typename T>
+__device__ __forceinline__ float raw_float(const uint32_t (&w)[2], const int q) {
+  if constexpr (kPaired) {
+    return q == 0 ? bits_float<T>(w[0]) : bits_float<T>(w[0] >> 16);
+  } else {
+    return bits_float<T>(w[q]);
+  }
+}
+
 // What the backward cell of one step reads from global memory for a lane's two elements
-// (batch row gb, units d0 and d0 + 1): W x and dy as stored, converted where the cell reads
-// them. Loaded by load_step_inputs, shared by both tiers.
+// (batch row gb, units d0 and d0 + 1): W x and dy raw (get2_raw), converted where the cell
+// reads them (raw_float). Loaded by load_step_inputs, shared by both tiers.
 template <typename T>
 struct StepInputs {
   float s[kS][2];
-  T wx[kGx > 0 ? kGx : 1][2];
+  uint32_t wx[kGx > 0 ? kGx : 1][2];
   float rh[kGr > 0 ? kGr : 1][2];
-  T dy[kO][2];
+  uint32_t dy[kO][2];
 };
 
 // Step t's inputs of the lane (batch row gb of head n, units d0 and d0 + 1). The loads are
@@ -453,12 +498,43 @@ __device__ __forceinline__ void load_step_inputs(const rnncc_fused_bwd_args& a, 
 #pragma unroll
   for (int s = 0; s < kS; ++s) get2(a.hist + s_at + (long long)s * a.NH * a.B * kD, hi, in.s[s][0], in.s[s][1]);
 #pragma unroll
-  for (int k = 0; k < kGx; ++k) get2(static_cast<const T*>(a.Wx) + x_at + k * NHD, hi, in.wx[k][0], in.wx[k][1]);
+  for (int k = 0; k < kGx; ++k) get2_raw(static_cast<const T*>(a.Wx) + x_at + k * NHD, hi, in.wx[k]);
 #pragma unroll
   for (int k = 0; k < kGr; ++k) get2(a.rh + rh_at + k * kD, hi, in.rh[k][0], in.rh[k][1]);
 #pragma unroll
-  for (int o = 0; o < kO; ++o) get2(static_cast<const T*>(a.dy) + y_at + o * yO, hi, in.dy[o][0], in.dy[o][1]);
+  for (int o = 0; o < kO; ++o) get2_raw(static_cast<const T*>(a.dy) + y_at + o * yO, hi, in.dy[o]);
 }
+
+// The bias and param cotangents of a lane's two elements (batch row gb, units d0 and d0 + 1),
+// summed over time in registers (a lane keeps its elements for the whole sequence) and stored
+// once after the loop, one row per batch row: dGb [B, NH, Gb * D] and dP [B, NH, P * D]
+// (float); the host sums over the batch.
+struct SumOverTime {
+  float gb[kGb > 0 ? kGb : 1][2] = {};
+  float p[kP > 0 ? kP : 1][2] = {};
+
+  __device__ __forceinline__ void add(const float (&dgb)[kGb > 0 ? kGb : 1][2], const float (&dp)[kP > 0 ? kP : 1][2]) {
+#pragma unroll
+    for (int k = 0; k < kGb; ++k) {
+      gb[k][0] += dgb[k][0];
+      gb[k][1] += dgb[k][1];
+    }
+#pragma unroll
+    for (int k = 0; k < kP; ++k) {
+      p[k][0] += dp[k][0];
+      p[k][1] += dp[k][1];
+    }
+  }
+
+  __device__ __forceinline__ void store(const rnncc_fused_bwd_args& a, const int n, const int row, const int d0) const {
+    const bool hi = d0 + 1 < kD;
+    const long long at = (long long)row * a.NH + n;
+#pragma unroll
+    for (int k = 0; k < kGb; ++k) put2(a.dGb + at * (kGb * kD) + k * kD + d0, hi, gb[k][0], gb[k][1]);
+#pragma unroll
+    for (int k = 0; k < kP; ++k) put2(a.dP + at * (kP * kD) + k * kD + d0, hi, p[k][0], p[k][1]);
+  }
+};
 // Tensor-core kernels (bf16 / fp16 storage): mma.sync m16n8k16 with fp32 accumulators.
 // Warp w owns the units [8w, 8w + 8) of the head and keeps their part of R in registers, as
 // mma fragments, for the whole sequence; a lane runs the generated cell on two elements, and
@@ -546,28 +622,33 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   T* const Y = static_cast<T*>(a.y);
   (void)yO;
 
-  // W x of step t into w, as stored, converted to float where the cell reads it. The loads
+  // W x of step t into w, raw (bits_float), converted to float where the cell reads it. The loads
   // are unconditional (masked elements and t == T read a valid address instead; their values
   // are never stored), so that nothing in step t waits for the prefetch of step t + 1.
-  typedef T WxRegs[kGx > 0 ? kGx : 1][2];
+  typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];  // raw 16-bit elements (bits_float)
   auto load_wx = [&](const int t, WxRegs& w) {
     const long long step_off = (long long)(t < a.T ? t : a.T - 1) * kGx * NHD;
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const bool live = unit && b0 + 2 * c4 + q < a.B;
-      const T* Wx = static_cast<const T*>(a.Wx) + (live ? wx0[q] + step_off : 0);
+      const unsigned short* Wx = static_cast<const unsigned short*>(a.Wx) + (live ? wx0[q] + step_off : 0);
 #pragma unroll
       for (int k = 0; k < kGx; ++k) w[k][q] = Wx[k * NHD];
     }
   };
   // One step: W x of step t is in wxv; step t + 2's is loaded into wnext meanwhile (a DRAM
   // load takes about as long as a step: one step ahead is not enough).
+  //
+  // Loads ahead go out at the end of a step, after the cell's last read of this step's
+  // registers, never before it: a warp has only six scoreboards for its loads in flight, so
+  // ptxas gives loads issued in one step the scoreboard of loads issued two steps earlier,
+  // and a first read of the old registers then waits for the new loads too, a whole memory
+  // latency per step (ncu, H200, backward at 12 x 64: the top stall, 2.0 µs per step).
   const int rows = a.B - b0 < kBC ? a.B - b0 : kBC;  // live batch rows of this block
   auto step = [&](const int t, WxRegs& wxv, WxRegs& wnext) {
     if (t + kL2Ahead < a.T)
       rnncc::l2_prefetch(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + t + kL2Ahead) * kGx * NHD + (long long)n * kD,
                          (long long)a.T * kGx * NHD, rows, NHD, kGx, kD, threadIdx.x, kMmaThreads);
-    load_wx(t + 2, wnext);
     float acc[kPairs][4];
 #pragma unroll
     for (int p = 0; p < kPairs; ++p)
@@ -595,10 +676,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float s_c = st[1][q];
         const float s_n = st[2][q];
         const float s_m = st[3][q];
-        const float g_i = rnncc::to_float(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-        const float g_f = rnncc::to_float(wxv[1][q]) + acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
-        const float g_z = rnncc::to_float(wxv[2][q]) + acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
-        const float g_o = rnncc::to_float(wxv[3][q]) + acc[3 / 2][3 % 2 * 2 + q] + bv[3][q];
+        const float g_i = bits_float<T>(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
+        const float g_f = bits_float<T>(wxv[1][q]) + acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
+        const float g_z = bits_float<T>(wxv[2][q]) + acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
+        const float g_o = bits_float<T>(wxv[3][q]) + acc[3 / 2][3 % 2 * 2 + q] + bv[3][q];
         // the cell
         const float v_logf = rnncc_logsigmoid(g_f);
         const float v_t0 = v_logf + s_m;
@@ -625,6 +706,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }
+    load_wx(t + 2, wnext);  // after the cell's last read of wxv: see "Loads ahead" above
     __syncthreads();
   };
 
@@ -697,6 +779,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       psm[p][i] = i < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + i]) : 0.0f;
   }
   float ds[kS][2];
+  SumOverTime sums;
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
     const int d = 8 * warp + 2 * c4 + q;
@@ -727,7 +810,6 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   };
   auto step = [&](const int t, const Inputs& cur, Inputs& next) {
     if (t - kL2Ahead >= 0) prefetch(t - kL2Ahead);
-    load_inputs(t - 2, next);  // two steps ahead, as in the forward
     float nd[kS][2];
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
@@ -742,15 +824,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
         const float s_c = cur.s[1][q];
         const float s_n = cur.s[2][q];
         const float s_m = cur.s[3][q];
-        const float g_i = rnncc::to_float(cur.wx[0][q]) + cur.rh[0][q] + bsm[0][d];
-        const float g_f = rnncc::to_float(cur.wx[1][q]) + cur.rh[1][q] + bsm[1][d];
-        const float g_z = rnncc::to_float(cur.wx[2][q]) + cur.rh[2][q] + bsm[2][d];
-        const float g_o = rnncc::to_float(cur.wx[3][q]) + cur.rh[3][q] + bsm[3][d];
+        const float g_i = raw_float<T>(cur.wx[0], q) + cur.rh[0][q] + bsm[0][d];
+        const float g_f = raw_float<T>(cur.wx[1], q) + cur.rh[1][q] + bsm[1][d];
+        const float g_z = raw_float<T>(cur.wx[2], q) + cur.rh[2][q] + bsm[2][d];
+        const float g_o = raw_float<T>(cur.wx[3], q) + cur.rh[3][q] + bsm[3][d];
         const float dn_h = ds[0][q];
         const float dn_c = ds[1][q];
         const float dn_n = ds[2][q];
         const float dn_m = ds[3][q];
-        const float do_h = rnncc::to_float(cur.dy[0][q]);
+        const float do_h = raw_float<T>(cur.dy[0], q);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_logf = rnncc_logsigmoid(g_f);
@@ -794,10 +876,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
         o.gb[3][q] = d_o;
       }
     }
-    // Stores: dWx (storage type), the gate cotangents for the host's reductions (float) and,
-    // as the next product's operand, for dgᵀ·R (shared memory, storage type).
-    const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of dGr/dGb/dP
+    // Stores: dWx and, in the storage type, the gate cotangents for the host's dR GEMM and, as
+    // the next product's operand, for dgᵀ·R (shared memory); bias and param cotangents summed.
     T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD;
+    T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
     const int d0 = 8 * warp + 2 * c4;
     if (d0 < kD && gb < a.B) {
       const bool hi = d0 + 1 < kD;
@@ -806,14 +888,13 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
         put2(dWx + k * NHD + d0, hi, rnncc::from_float<T>(o.wx[k][0]), rnncc::from_float<T>(o.wx[k][1]));
 #pragma unroll
       for (int k = 0; k < kGr; ++k) {
-        put2(a.dGr + row * kRows + k * kD + d0, hi, o.gr[k][0], o.gr[k][1]);
-        put2(&dgs[t & 1][b][k * kKP + d0], hi, rnncc::from_float<T>(o.gr[k][0]), rnncc::from_float<T>(o.gr[k][1]));
+        const T lo_v = rnncc::from_float<T>(o.gr[k][0]), hi_v = rnncc::from_float<T>(o.gr[k][1]);
+        put2(dGr + k * kD + d0, hi, lo_v, hi_v);
+        put2(&dgs[t & 1][b][k * kKP + d0], hi, lo_v, hi_v);
       }
-#pragma unroll
-      for (int k = 0; k < kGb; ++k) put2(a.dGb + row * (kGb * kD) + k * kD + d0, hi, o.gb[k][0], o.gb[k][1]);
-#pragma unroll
-      for (int p = 0; p < kP; ++p) put2(a.dP + row * (kP * kD) + p * kD + d0, hi, o.p[p][0], o.p[p][1]);
+      sums.add(o.gb, o.p);
     }
+    load_inputs(t - 2, next);  // two steps ahead, issued after the cell's last read of cur (as in the forward)
     __syncthreads();
     float acc[kChains][4];
 #pragma unroll
@@ -863,6 +944,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
         static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(ds[s][q]);
     }
   }
+  const int d0 = 8 * warp + 2 * c4;
+  if (d0 < kD && gb < a.B) sums.store(a, n, gb, d0);
 }
 }  // namespace
 
