@@ -259,18 +259,25 @@ def fused_support(cell: Cell, D: int, dtype: str = "bfloat16") -> str | None:
     raise ValueError(f"fused kernels store float32, float16 or bfloat16; got {dtype!r}")
 
 
-def _stores(cell: Cell, y: str, h: str) -> list[str]:
+#: The FFMA forward's saved states: the whole index, per element.
+FFMA_HIST = "a.hist[((((long long)(t + 1) * kS + {k}) * a.NH + n) * a.B + gb) * kD + d]"
+#: The tensor-core forwards spell a lane's output addresses (y, the saved states) as pointers
+#: to the step's elements: the block tier moves them one step on per step rather than
+#: computing whole 64-bit indices per store.
+MMA_Y = "yp[q][{o} * yO]"
+MMA_HIST = "hp[q][{k} * NBD]"
+
+
+def _stores(cell: Cell, y: str, h: str, hist: str = FFMA_HIST) -> list[str]:
     """A step's stores: the states into registers, the outputs into ``y`` (a format string
-    over ``{o}``), the states into the saved history, the recurrent state through ``h`` (a
-    statement over ``{v}``: into shared memory, or published to the other blocks)."""
+    over ``{o}``), the states into the saved history ``hist`` (over ``{k}``), the recurrent
+    state through ``h`` (a statement over ``{v}``: into shared memory, or published to the
+    other blocks)."""
     lines = [f"st[{k}][q] = new_{s};" for k, s in enumerate(cell.state_names)]
     for o, s in enumerate(cell.outputs):
         lines.append(f"{y.format(o=o)} = rnncc::from_float<T>(new_{s});")
     for k, s in enumerate(cell.state_names):
-        lines.append(
-            f"if (a.hist) a.hist[((((long long)(t + 1) * kS + {k}) * a.NH + n) * a.B + gb) * kD"
-            f" + d] = new_{s};"
-        )
+        lines.append(f"if (a.hist) {hist.format(k=k)} = new_{s};")
     if cell.recurrent:
         lines.append(h.format(v=f"new_{cell.recurrent}"))
     return lines
@@ -287,7 +294,6 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         raise ValueError(f"no fused kernel for head dim {D}")
     rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
     y_at = "(((long long){o} * a.B + gb) * a.T + t) * NHD + (long long)n * kD + d"
-    y_mma = "Y[y0[q] + (long long)t * NHD + {o} * yO]"
     plan = []
     context: dict[str, object] = {"ffma": None, "mma": None, "grid": None}
     if ffma:
@@ -307,7 +313,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         plan.append(f"bf16/fp16: mma.sync block tier, {32 * mma_warps(D)} threads")
         context["mma"] = KernelLines(
             update=update_lines(cell, MMA_LEAVES),
-            stores=_stores(cell, y_mma, "hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>({v});"),
+            stores=_stores(cell, MMA_Y, "hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>({v});", MMA_HIST),
             backward=backward_lines(bwd, MMA_BACKWARD),
             threads=32 * mma_warps(D),
         )
@@ -323,7 +329,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         )
         context["grid"] = KernelLines(
             update=update_lines(cell, MMA_LEAVES),
-            stores=_stores(cell, y_mma, publish),
+            stores=_stores(cell, MMA_Y, publish, MMA_HIST),
             backward=backward_lines(bwd, GRID_BACKWARD),
             threads=32 * fw_warps,
         )
