@@ -722,25 +722,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   __syncthreads();
 
   typedef StepInputs<T> Inputs;
-  const long long yO = (long long)a.B * a.T * NHD;
   auto load_inputs = [&](const int t, Inputs& in) {
     if (t >= 0) load_step_inputs(a, t, n, gb, 8 * warp + 2 * c4, in);
   };
-  const int b0 = blockIdx.y * kBC, rows = a.B - b0 < kBC ? a.B - b0 : kBC;
-  auto prefetch = [&](const int t) {  // step t's inputs into L2 (see the forward)
-    const long long NB = (long long)a.NH * a.B;
-    rnncc::l2_prefetch(a.hist + ((long long)t * kS * a.NH + n) * a.B * kD + (long long)b0 * kD,
-                       NB * kD, kS, 0, 1, rows * kD, threadIdx.x, kMmaThreads);
-    if (kGr > 0)
-      rnncc::l2_prefetch(a.rh + (((long long)t * a.NH + n) * a.B + b0) * kRows, 0, 1, 0, 1, rows * kRows,
-                         threadIdx.x, kMmaThreads);
-    rnncc::l2_prefetch(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + t) * kGx * NHD + (long long)n * kD,
-                       (long long)a.T * kGx * NHD, rows, NHD, kGx, kD, threadIdx.x, kMmaThreads);
-    rnncc::l2_prefetch(static_cast<const T*>(a.dy) + ((long long)b0 * a.T + t) * NHD + (long long)n * kD,
-                       yO, kO, (long long)a.T * NHD, rows, kD, threadIdx.x, kMmaThreads);
-  };
+  // No L2 prefetch here, unlike the forward: a backward step is long enough that loads two
+  // steps ahead outlast a DRAM load, and the prefetch's index arithmetic fell on a few warps
+  // that the others then waited for at the barrier (H200, T = 1024: 1.96 -> 1.63 ms at 12 x 64,
+  // 1.41 -> 1.08 ms at 48 x 16 without it; the forward is 27% slower without its prefetch).
   auto step = [&](const int t, const Inputs& cur, Inputs& next) {
-    if (t - kL2Ahead >= 0) prefetch(t - kL2Ahead);
     float nd[kS][2];
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
