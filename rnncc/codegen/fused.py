@@ -313,7 +313,9 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         plan.append(f"bf16/fp16: mma.sync block tier, {32 * mma_warps(D)} threads")
         context["mma"] = KernelLines(
             update=update_lines(cell, MMA_LEAVES),
-            stores=_stores(cell, MMA_Y, "hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>({v});", MMA_HIST),
+            stores=_stores(
+                cell, MMA_Y, "hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>({v});", MMA_HIST
+            ),
             backward=backward_lines(bwd, MMA_BACKWARD),
             threads=32 * mma_warps(D),
         )
