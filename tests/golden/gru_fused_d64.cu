@@ -768,49 +768,51 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
     } o;
+    // The cell runs on masked elements too (their inputs are element 0's, their results are
+    // never stored), without a branch: the part of it that does not wait for ds (the gates'
+    // activations, from inputs loaded two steps ago) can then be scheduled into the latency
+    // of the previous step's product.
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = 8 * warp + 2 * c4 + q;
 #pragma unroll
       for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-      if (d < kD && gb < a.B) {
-        // leaves
-        const float s_h = cur.s[0][q];
-        const float g_xr = raw_float<T>(cur.wx[0], q);
-        const float g_xz = raw_float<T>(cur.wx[1], q);
-        const float g_xn = raw_float<T>(cur.wx[2], q);
-        const float g_hr = cur.rh[0][q] + bsm[0][d];
-        const float g_hz = cur.rh[1][q] + bsm[1][d];
-        const float g_hn = cur.rh[2][q] + bsm[2][d];
-        const float dn_h = ds[0][q];
-        const float do_h = raw_float<T>(cur.dy[0], q);
-        // the backward cell
-        const float v_t0 = dn_h + do_h;
-        const float v_z = rnncc_sigmoid(g_xz + g_hz);
-        const float v_t1 = 1.0f - v_z;
-        const float v_r = rnncc_sigmoid(g_xr + g_hr);
-        const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-        const float v_t2 = v_t0 * v_t1 * (1.0f - v_n * v_n);
-        const float v_t3 = v_t2 * g_hn * (1.0f - v_r) * v_r;
-        const float v_t4 = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
-        // cotangents of the old states, the gates and the params
-        nd[0][q] = v_t0 * v_z;
-        const float d_xr = v_t3;
-        o.wx[0][q] = d_xr;
-        const float d_xz = v_t4;
-        o.wx[1][q] = d_xz;
-        const float d_xn = v_t2;
-        o.wx[2][q] = d_xn;
-        const float d_hr = v_t3;
-        o.gr[0][q] = d_hr;
-        o.gb[0][q] = d_hr;
-        const float d_hz = v_t4;
-        o.gr[1][q] = d_hz;
-        o.gb[1][q] = d_hz;
-        const float d_hn = v_t2 * v_r;
-        o.gr[2][q] = d_hn;
-        o.gb[2][q] = d_hn;
-      }
+      // leaves
+      const float s_h = cur.s[0][q];
+      const float g_xr = raw_float<T>(cur.wx[0], q);
+      const float g_xz = raw_float<T>(cur.wx[1], q);
+      const float g_xn = raw_float<T>(cur.wx[2], q);
+      const float g_hr = cur.rh[0][q] + bsm[0][d];
+      const float g_hz = cur.rh[1][q] + bsm[1][d];
+      const float g_hn = cur.rh[2][q] + bsm[2][d];
+      const float dn_h = ds[0][q];
+      const float do_h = raw_float<T>(cur.dy[0], q);
+      // the backward cell
+      const float v_t0 = dn_h + do_h;
+      const float v_z = rnncc_sigmoid(g_xz + g_hz);
+      const float v_t1 = 1.0f - v_z;
+      const float v_r = rnncc_sigmoid(g_xr + g_hr);
+      const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
+      const float v_t2 = v_t0 * v_t1 * (1.0f - v_n * v_n);
+      const float v_t3 = v_t2 * g_hn * (1.0f - v_r) * v_r;
+      const float v_t4 = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
+      // cotangents of the old states, the gates and the params
+      nd[0][q] = v_t0 * v_z;
+      const float d_xr = v_t3;
+      o.wx[0][q] = d_xr;
+      const float d_xz = v_t4;
+      o.wx[1][q] = d_xz;
+      const float d_xn = v_t2;
+      o.wx[2][q] = d_xn;
+      const float d_hr = v_t3;
+      o.gr[0][q] = d_hr;
+      o.gb[0][q] = d_hr;
+      const float d_hz = v_t4;
+      o.gr[1][q] = d_hz;
+      o.gb[1][q] = d_hz;
+      const float d_hn = v_t2 * v_r;
+      o.gr[2][q] = d_hn;
+      o.gb[2][q] = d_hn;
     }
     // Stores: dWx and, in the storage type, the gate cotangents for the host's dR GEMM and, as
     // the next product's operand, for dgᵀ·R (shared memory); bias and param cotangents summed.

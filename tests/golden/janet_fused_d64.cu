@@ -733,35 +733,37 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
     } o;
+    // The cell runs on masked elements too (their inputs are element 0's, their results are
+    // never stored), without a branch: the part of it that does not wait for ds (the gates'
+    // activations, from inputs loaded two steps ago) can then be scheduled into the latency
+    // of the previous step's product.
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = 8 * warp + 2 * c4 + q;
 #pragma unroll
       for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-      if (d < kD && gb < a.B) {
-        // leaves
-        const float s_h = cur.s[0][q];
-        const float g_f = raw_float<T>(cur.wx[0], q) + cur.rh[0][q] + bsm[0][d];
-        const float g_z = raw_float<T>(cur.wx[1], q) + cur.rh[1][q] + bsm[1][d];
-        const float dn_h = ds[0][q];
-        const float do_h = raw_float<T>(cur.dy[0], q);
-        // the backward cell
-        const float v_t0 = dn_h + do_h;
-        const float v_t1 = rnncc_sigmoid(g_f);
-        const float v_t2 = rnncc_tanh(g_z);
-        const float v_t3 = rnncc_sigmoid(g_f - 1.0f);
-        const float v_t4 = 1.0f - v_t3;
-        // cotangents of the old states, the gates and the params
-        nd[0][q] = v_t0 * v_t1;
-        const float d_f = -(v_t0 * v_t2) * v_t4 * v_t3 + v_t0 * s_h * (1.0f - v_t1) * v_t1;
-        o.wx[0][q] = d_f;
-        o.gr[0][q] = d_f;
-        o.gb[0][q] = d_f;
-        const float d_z = v_t0 * v_t4 * (1.0f - v_t2 * v_t2);
-        o.wx[1][q] = d_z;
-        o.gr[1][q] = d_z;
-        o.gb[1][q] = d_z;
-      }
+      // leaves
+      const float s_h = cur.s[0][q];
+      const float g_f = raw_float<T>(cur.wx[0], q) + cur.rh[0][q] + bsm[0][d];
+      const float g_z = raw_float<T>(cur.wx[1], q) + cur.rh[1][q] + bsm[1][d];
+      const float dn_h = ds[0][q];
+      const float do_h = raw_float<T>(cur.dy[0], q);
+      // the backward cell
+      const float v_t0 = dn_h + do_h;
+      const float v_t1 = rnncc_sigmoid(g_f);
+      const float v_t2 = rnncc_tanh(g_z);
+      const float v_t3 = rnncc_sigmoid(g_f - 1.0f);
+      const float v_t4 = 1.0f - v_t3;
+      // cotangents of the old states, the gates and the params
+      nd[0][q] = v_t0 * v_t1;
+      const float d_f = -(v_t0 * v_t2) * v_t4 * v_t3 + v_t0 * s_h * (1.0f - v_t1) * v_t1;
+      o.wx[0][q] = d_f;
+      o.gr[0][q] = d_f;
+      o.gb[0][q] = d_f;
+      const float d_z = v_t0 * v_t4 * (1.0f - v_t2 * v_t2);
+      o.wx[1][q] = d_z;
+      o.gr[1][q] = d_z;
+      o.gb[1][q] = d_z;
     }
     // Stores: dWx and, in the storage type, the gate cotangents for the host's dR GEMM and, as
     // the next product's operand, for dgᵀ·R (shared memory); bias and param cotangents summed.

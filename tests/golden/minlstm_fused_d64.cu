@@ -749,46 +749,48 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
     } o;
+    // The cell runs on masked elements too (their inputs are element 0's, their results are
+    // never stored), without a branch: the part of it that does not wait for ds (the gates'
+    // activations, from inputs loaded two steps ago) can then be scheduled into the latency
+    // of the previous step's product.
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = 8 * warp + 2 * c4 + q;
 #pragma unroll
       for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-      if (d < kD && gb < a.B) {
-        // leaves
-        const float s_h = cur.s[0][q];
-        const float g_kf = raw_float<T>(cur.wx[0], q) + bsm[0][d];
-        const float g_ki = raw_float<T>(cur.wx[1], q) + bsm[1][d];
-        const float g_kh = raw_float<T>(cur.wx[2], q) + bsm[2][d];
-        const float dn_h = ds[0][q];
-        const float do_h = raw_float<T>(cur.dy[0], q);
-        // the backward cell
-        const float v_t0 = dn_h + do_h;
-        const float v_t1 = -g_kf;
-        const float v_t2 = -g_ki;
-        const float v_d = rnncc_softplus(v_t1) - rnncc_softplus(v_t2);
-        const float v_t3 = rnncc_exp(-rnncc_softplus(v_d));
-        const float v_t4 = -v_d;
-        const float v_t5 = rnncc_sigmoid(g_kh);
-        const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : v_t5);
-        const float v_t6 = rnncc_exp(-rnncc_softplus(v_t4));
-        const float v_t7 = -(v_t0 * v_candidate * v_t6);
-        const float v_t8 = -(v_t0 * s_h * v_t3);
-        const float v_t9 = -(v_t4 > 20.0f ? v_t7 : v_t7 * rnncc_sigmoid(v_t4)) + (v_d > 20.0f ? v_t8 : v_t8 * rnncc_sigmoid(v_d));
-        const float v_t10 = -v_t9;
-        const float v_t11 = v_t0 * v_t6;
-        // cotangents of the old states, the gates and the params
-        nd[0][q] = v_t0 * v_t3;
-        const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
-        o.wx[0][q] = d_kf;
-        o.gb[0][q] = d_kf;
-        const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
-        o.wx[1][q] = d_ki;
-        o.gb[1][q] = d_ki;
-        const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
-        o.wx[2][q] = d_kh;
-        o.gb[2][q] = d_kh;
-      }
+      // leaves
+      const float s_h = cur.s[0][q];
+      const float g_kf = raw_float<T>(cur.wx[0], q) + bsm[0][d];
+      const float g_ki = raw_float<T>(cur.wx[1], q) + bsm[1][d];
+      const float g_kh = raw_float<T>(cur.wx[2], q) + bsm[2][d];
+      const float dn_h = ds[0][q];
+      const float do_h = raw_float<T>(cur.dy[0], q);
+      // the backward cell
+      const float v_t0 = dn_h + do_h;
+      const float v_t1 = -g_kf;
+      const float v_t2 = -g_ki;
+      const float v_d = rnncc_softplus(v_t1) - rnncc_softplus(v_t2);
+      const float v_t3 = rnncc_exp(-rnncc_softplus(v_d));
+      const float v_t4 = -v_d;
+      const float v_t5 = rnncc_sigmoid(g_kh);
+      const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : v_t5);
+      const float v_t6 = rnncc_exp(-rnncc_softplus(v_t4));
+      const float v_t7 = -(v_t0 * v_candidate * v_t6);
+      const float v_t8 = -(v_t0 * s_h * v_t3);
+      const float v_t9 = -(v_t4 > 20.0f ? v_t7 : v_t7 * rnncc_sigmoid(v_t4)) + (v_d > 20.0f ? v_t8 : v_t8 * rnncc_sigmoid(v_d));
+      const float v_t10 = -v_t9;
+      const float v_t11 = v_t0 * v_t6;
+      // cotangents of the old states, the gates and the params
+      nd[0][q] = v_t0 * v_t3;
+      const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
+      o.wx[0][q] = d_kf;
+      o.gb[0][q] = d_kf;
+      const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
+      o.wx[1][q] = d_ki;
+      o.gb[1][q] = d_ki;
+      const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
+      o.wx[2][q] = d_kh;
+      o.gb[2][q] = d_kh;
     }
     // Stores: dWx and, in the storage type, the gate cotangents for the host's dR GEMM and, as
     // the next product's operand, for dgᵀ·R (shared memory); bias and param cotangents summed.

@@ -819,67 +819,69 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
     } o;
+    // The cell runs on masked elements too (their inputs are element 0's, their results are
+    // never stored), without a branch: the part of it that does not wait for ds (the gates'
+    // activations, from inputs loaded two steps ago) can then be scheduled into the latency
+    // of the previous step's product.
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = 8 * warp + 2 * c4 + q;
 #pragma unroll
       for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-      if (d < kD && gb < a.B) {
-        // leaves
-        const float s_c = cur.s[1][q];
-        const float s_n = cur.s[2][q];
-        const float s_m = cur.s[3][q];
-        const float g_i = raw_float<T>(cur.wx[0], q) + cur.rh[0][q] + bsm[0][d];
-        const float g_f = raw_float<T>(cur.wx[1], q) + cur.rh[1][q] + bsm[1][d];
-        const float g_z = raw_float<T>(cur.wx[2], q) + cur.rh[2][q] + bsm[2][d];
-        const float g_o = raw_float<T>(cur.wx[3], q) + cur.rh[3][q] + bsm[3][d];
-        const float dn_h = ds[0][q];
-        const float dn_c = ds[1][q];
-        const float dn_n = ds[2][q];
-        const float dn_m = ds[3][q];
-        const float do_h = raw_float<T>(cur.dy[0], q);
-        // the backward cell
-        const float v_t0 = dn_h + do_h;
-        const float v_logf = rnncc_logsigmoid(g_f);
-        const float v_t1 = v_logf + s_m;
-        const float v_m_new = (s_n == 0.0f ? g_i : rnncc_max(v_t1, g_i));
-        const float v_fg = rnncc_exp(v_t1 - v_m_new);
-        const float v_ig = rnncc_exp(g_i - v_m_new);
-        const float v_t2 = v_fg * s_n + v_ig;
-        const float v_t3 = v_t0 / v_t2;
-        const float v_t4 = rnncc_sigmoid(g_o);
-        const float v_t5 = dn_c + v_t3 * v_t4;
-        const float v_t6 = rnncc_tanh(g_z);
-        const float v_t7 = v_fg * s_c + v_ig * v_t6;
-        const float v_t8 = dn_n + -v_t0 * (v_t4 * v_t7) / (v_t2 * v_t2);
-        const float v_t9 = (v_t8 * s_n + v_t5 * s_c) * v_fg;
-        const float v_t10 = (v_t8 + v_t5 * v_t6) * v_ig;
-        const float v_t11 = dn_m + -v_t10 + -v_t9;
-        const float v_t12 = (s_n == 0.0f ? 0.0f : v_t11);
-        const float v_t13 = (v_t1 == g_i ? v_t12 * 0.5f : 0.0f);
-        const float v_t14 = v_t9 + (v_t1 > g_i ? v_t12 : v_t13);
-        // cotangents of the old states, the gates and the params
-        nd[0][q] = 0.0f;
-        nd[1][q] = v_t5 * v_fg;
-        nd[2][q] = v_t8 * v_fg;
-        nd[3][q] = v_t14;
-        const float d_i = v_t10 + (s_n == 0.0f ? v_t11 : 0.0f) + (g_i > v_t1 ? v_t12 : v_t13);
-        o.wx[0][q] = d_i;
-        o.gr[0][q] = d_i;
-        o.gb[0][q] = d_i;
-        const float d_f = v_t14 * rnncc_sigmoid(-g_f);
-        o.wx[1][q] = d_f;
-        o.gr[1][q] = d_f;
-        o.gb[1][q] = d_f;
-        const float d_z = v_t5 * v_ig * (1.0f - v_t6 * v_t6);
-        o.wx[2][q] = d_z;
-        o.gr[2][q] = d_z;
-        o.gb[2][q] = d_z;
-        const float d_o = v_t3 * v_t7 * (1.0f - v_t4) * v_t4;
-        o.wx[3][q] = d_o;
-        o.gr[3][q] = d_o;
-        o.gb[3][q] = d_o;
-      }
+      // leaves
+      const float s_c = cur.s[1][q];
+      const float s_n = cur.s[2][q];
+      const float s_m = cur.s[3][q];
+      const float g_i = raw_float<T>(cur.wx[0], q) + cur.rh[0][q] + bsm[0][d];
+      const float g_f = raw_float<T>(cur.wx[1], q) + cur.rh[1][q] + bsm[1][d];
+      const float g_z = raw_float<T>(cur.wx[2], q) + cur.rh[2][q] + bsm[2][d];
+      const float g_o = raw_float<T>(cur.wx[3], q) + cur.rh[3][q] + bsm[3][d];
+      const float dn_h = ds[0][q];
+      const float dn_c = ds[1][q];
+      const float dn_n = ds[2][q];
+      const float dn_m = ds[3][q];
+      const float do_h = raw_float<T>(cur.dy[0], q);
+      // the backward cell
+      const float v_t0 = dn_h + do_h;
+      const float v_logf = rnncc_logsigmoid(g_f);
+      const float v_t1 = v_logf + s_m;
+      const float v_m_new = (s_n == 0.0f ? g_i : rnncc_max(v_t1, g_i));
+      const float v_fg = rnncc_exp(v_t1 - v_m_new);
+      const float v_ig = rnncc_exp(g_i - v_m_new);
+      const float v_t2 = v_fg * s_n + v_ig;
+      const float v_t3 = v_t0 / v_t2;
+      const float v_t4 = rnncc_sigmoid(g_o);
+      const float v_t5 = dn_c + v_t3 * v_t4;
+      const float v_t6 = rnncc_tanh(g_z);
+      const float v_t7 = v_fg * s_c + v_ig * v_t6;
+      const float v_t8 = dn_n + -v_t0 * (v_t4 * v_t7) / (v_t2 * v_t2);
+      const float v_t9 = (v_t8 * s_n + v_t5 * s_c) * v_fg;
+      const float v_t10 = (v_t8 + v_t5 * v_t6) * v_ig;
+      const float v_t11 = dn_m + -v_t10 + -v_t9;
+      const float v_t12 = (s_n == 0.0f ? 0.0f : v_t11);
+      const float v_t13 = (v_t1 == g_i ? v_t12 * 0.5f : 0.0f);
+      const float v_t14 = v_t9 + (v_t1 > g_i ? v_t12 : v_t13);
+      // cotangents of the old states, the gates and the params
+      nd[0][q] = 0.0f;
+      nd[1][q] = v_t5 * v_fg;
+      nd[2][q] = v_t8 * v_fg;
+      nd[3][q] = v_t14;
+      const float d_i = v_t10 + (s_n == 0.0f ? v_t11 : 0.0f) + (g_i > v_t1 ? v_t12 : v_t13);
+      o.wx[0][q] = d_i;
+      o.gr[0][q] = d_i;
+      o.gb[0][q] = d_i;
+      const float d_f = v_t14 * rnncc_sigmoid(-g_f);
+      o.wx[1][q] = d_f;
+      o.gr[1][q] = d_f;
+      o.gb[1][q] = d_f;
+      const float d_z = v_t5 * v_ig * (1.0f - v_t6 * v_t6);
+      o.wx[2][q] = d_z;
+      o.gr[2][q] = d_z;
+      o.gb[2][q] = d_z;
+      const float d_o = v_t3 * v_t7 * (1.0f - v_t4) * v_t4;
+      o.wx[3][q] = d_o;
+      o.gr[3][q] = d_o;
+      o.gb[3][q] = d_o;
     }
     // Stores: dWx and, in the storage type, the gate cotangents for the host's dR GEMM and, as
     // the next product's operand, for dgᵀ·R (shared memory); bias and param cotangents summed.

@@ -771,48 +771,50 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
     } o;
+    // The cell runs on masked elements too (their inputs are element 0's, their results are
+    // never stored), without a branch: the part of it that does not wait for ds (the gates'
+    // activations, from inputs loaded two steps ago) can then be scheduled into the latency
+    // of the previous step's product.
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = 8 * warp + 2 * c4 + q;
 #pragma unroll
       for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-      if (d < kD && gb < a.B) {
-        // leaves
-        const float s_c = cur.s[0][q];
-        const float g_z = raw_float<T>(cur.wx[0], q);
-        const float g_f = raw_float<T>(cur.wx[1], q) + bsm[0][d];
-        const float g_r = raw_float<T>(cur.wx[2], q) + bsm[1][d];
-        const float g_xs = raw_float<T>(cur.wx[3], q);
-        const float p_v_f = psm[0][d];
-        const float p_v_r = psm[1][d];
-        const float dn_c = ds[0][q];
-        const float dn_h = ds[1][q];
-        const float do_h = raw_float<T>(cur.dy[0], q);
-        // the backward cell
-        const float v_t0 = dn_h + do_h;
-        const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-        const float v_t1 = 1.0f - v_fg;
-        const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
-        const float v_t2 = 1.0f - v_rg;
-        const float v_t3 = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
-        const float v_t4 = dn_c + v_t0 * v_rg;
-        const float v_t5 = (-(v_t4 * g_z) + v_t4 * s_c) * v_t1 * v_fg;
-        // cotangents of the old states, the gates and the params
-        nd[0][q] = v_t3 * p_v_r + v_t4 * v_fg + v_t5 * p_v_f;
-        nd[1][q] = 0.0f;
-        const float d_z = v_t4 * v_t1;
-        o.wx[0][q] = d_z;
-        const float d_f = v_t5;
-        o.wx[1][q] = d_f;
-        o.gb[0][q] = d_f;
-        const float d_r = v_t3;
-        o.wx[2][q] = d_r;
-        o.gb[1][q] = d_r;
-        const float d_xs = v_t0 * v_t2;
-        o.wx[3][q] = d_xs;
-        o.p[0][q] = v_t5 * s_c;
-        o.p[1][q] = v_t3 * s_c;
-      }
+      // leaves
+      const float s_c = cur.s[0][q];
+      const float g_z = raw_float<T>(cur.wx[0], q);
+      const float g_f = raw_float<T>(cur.wx[1], q) + bsm[0][d];
+      const float g_r = raw_float<T>(cur.wx[2], q) + bsm[1][d];
+      const float g_xs = raw_float<T>(cur.wx[3], q);
+      const float p_v_f = psm[0][d];
+      const float p_v_r = psm[1][d];
+      const float dn_c = ds[0][q];
+      const float dn_h = ds[1][q];
+      const float do_h = raw_float<T>(cur.dy[0], q);
+      // the backward cell
+      const float v_t0 = dn_h + do_h;
+      const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
+      const float v_t1 = 1.0f - v_fg;
+      const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
+      const float v_t2 = 1.0f - v_rg;
+      const float v_t3 = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
+      const float v_t4 = dn_c + v_t0 * v_rg;
+      const float v_t5 = (-(v_t4 * g_z) + v_t4 * s_c) * v_t1 * v_fg;
+      // cotangents of the old states, the gates and the params
+      nd[0][q] = v_t3 * p_v_r + v_t4 * v_fg + v_t5 * p_v_f;
+      nd[1][q] = 0.0f;
+      const float d_z = v_t4 * v_t1;
+      o.wx[0][q] = d_z;
+      const float d_f = v_t5;
+      o.wx[1][q] = d_f;
+      o.gb[0][q] = d_f;
+      const float d_r = v_t3;
+      o.wx[2][q] = d_r;
+      o.gb[1][q] = d_r;
+      const float d_xs = v_t0 * v_t2;
+      o.wx[3][q] = d_xs;
+      o.p[0][q] = v_t5 * s_c;
+      o.p[1][q] = v_t3 * s_c;
     }
     // Stores: dWx and, in the storage type, the gate cotangents for the host's dR GEMM and, as
     // the next product's operand, for dgᵀ·R (shared memory); bias and param cotangents summed.
