@@ -4,6 +4,9 @@ sequence lengths, the slope giving µs per step; run under ncu for the stall bre
 Usage (GPU machine): python benchmarks/profile_fused.py examples/lstm.rnn --heads 12 --dim 64
     --batch 16 [--dtype bf16] [--steps 16,256,1024] [--once T]
 ``--once T`` runs one forward and one backward at T (for ncu); otherwise prints the times.
+The event times include the host's time per call, which at small T is most of the
+measurement: the slope understates the kernels' per-step cost (``kernel_times.py`` gives the
+kernels alone).
 """
 
 from __future__ import annotations
