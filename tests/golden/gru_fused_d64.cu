@@ -612,10 +612,10 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   // load takes about as long as a step: one step ahead is not enough).
   //
   // Loads ahead go out at the end of a step, after the cell's last read of this step's
-  // registers, never before it: a warp has only six scoreboards for its loads in flight, so
-  // ptxas gives loads issued in one step the scoreboard of loads issued two steps earlier,
-  // and a first read of the old registers then waits for the new loads too, a whole memory
-  // latency per step (ncu, H200, backward at 12 x 64: the top stall, 2.0 µs per step).
+  // registers, never before it. Issued first, they stalled those reads (ncu, H200, backward
+  // at 12 x 64: the top long-scoreboard stall was the first read of a register loaded two
+  // steps earlier). My reading, not confirmed in the SASS: a warp's loads in flight share six
+  // scoreboards, so the read also waited for the loads just issued.
   const int rows = a.B - b0 < kBC ? a.B - b0 : kBC;  // live batch rows of this block
   auto step = [&](const int t, WxRegs& wxv, WxRegs& wnext) {
     if (t + kL2Ahead < a.T)
