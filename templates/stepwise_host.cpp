@@ -30,11 +30,16 @@ struct Dims {
   }
 };
 
-// The grid tier's exchange buffer (rnncc_abi.h), zeroed (its tags must not match any step):
-// null when the kernels take none.
-at::Tensor exchange_buffer(const Dims& k, int64_t NH, int64_t B, const at::Tensor& like) {
+// The grid tier's exchange buffer (rnncc_abi.h), zeroed (its tags must not match any step),
+// set in the launch arguments `a` (a fused_args or fused_bwd_args); undefined, with a's
+// fields null and 0, when the kernels take none.
+template <typename Args>
+at::Tensor attach_exchange(Args& a, const Dims& k, int64_t NH, int64_t B, const at::Tensor& like) {
   const int64_t counters = NH * ((B + 7) / 8);
-  return k.X ? at::zeros({2 * NH * B * k.X + counters}, like.options().dtype(at::kInt)) : at::Tensor();
+  at::Tensor xchg = k.X ? at::zeros({2 * NH * B * k.X + counters}, like.options().dtype(at::kInt)) : at::Tensor();
+  a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
+  a.xchg_words = static_cast<int>(k.X);
+  return xchg;
 }
 
 int dtype_code(at::ScalarType t) {
@@ -247,9 +252,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
-  const at::Tensor xchg = exchange_buffer(k, NH, B, Wx);
-  a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
-  a.xchg_words = static_cast<int>(k.X);
+  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
@@ -288,9 +291,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? mptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
-  const at::Tensor xchg = exchange_buffer(k, NH, B, Wx);
-  a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
-  a.xchg_words = static_cast<int>(k.X);
+  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));

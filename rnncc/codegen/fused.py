@@ -186,13 +186,17 @@ def _k_tiles(D: int) -> int:
     return -(-D // 16)
 
 
+def _gate_pairs(cell: Cell) -> int:
+    """The m tiles of R·h: gate pairs, at least one (kPairs in fused_mma_common.cuh.j2)."""
+    return max(-(-len(cell.gr_names) // 2), 1)
+
+
 def grid_warps(cell: Cell, D: int) -> tuple[int, int]:
     """Grid tier: the warps over which a block splits the k of R·h (16 / gate pairs k tiles
     each, so that R's fragments take at most 64 registers) and of dgᵀ·R (24 gate-row k tiles
     each while that takes at most 8 warps, else 32); at least one (fused_grid.cuh.j2)."""
     gr = max(len(cell.gr_names), 1)
-    pairs = -(-gr // 2)
-    fw_kt = max(1, 16 // pairs)
+    fw_kt = max(1, 16 // _gate_pairs(cell))
     bw = -(-(gr * _k_tiles(D)) // 24)
     return -(-_k_tiles(D) // fw_kt), bw if bw <= 8 else -(-(gr * _k_tiles(D)) // 32)
 
@@ -208,16 +212,15 @@ def _grid_smem(cell: Cell, D: int) -> tuple[int, int]:
     """Grid tier, 8 batch rows per block: the shared memory of the forward (h, the warps'
     partial R·h) and of the backward (dg, the partial dgᵀ·R, the block's biases and params)."""
     kp = 16 * _k_tiles(D)
-    pairs = -(-max(len(cell.gr_names), 1) // 2)
     fw_warps, bw_warps = grid_warps(cell, D)
-    fw = 8 * (kp + 8) * 2 + fw_warps * pairs * 4 * 32 * 4
+    fw = 8 * (kp + 8) * 2 + fw_warps * _gate_pairs(cell) * 4 * 32 * 4
     side = max(len(cell.gb_names), 1) + max(len(cell.params), 1)
     bw = 8 * (exchange_words(cell, D) + 8) * 2 + bw_warps * 4 * 32 * 4 + side * 8 * 4
     return fw, bw
 
 
 def _grid_support(cell: Cell, D: int) -> str | None:
-    pairs = -(-len(cell.gr_names) // 2)
+    pairs = _gate_pairs(cell)
     if D > MAX_GRID_HEAD_DIM:
         return f"head dim {D} > {MAX_GRID_HEAD_DIM}: a head's blocks no longer fit the GPU at once"
     if pairs > 16:
