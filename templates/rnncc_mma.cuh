@@ -102,89 +102,77 @@ __device__ __forceinline__ void store_pair(E* p, E lo, E hi) {
 
 namespace rnncc {
 
-// The grid tier's exchange between the blocks of one head: each value travels as one 32-bit
-// word, its 16-bit bits in the low half and the step's tag in the high half, stored and loaded
-// as relaxed gpu-scope accesses (single-copy atomic: a reader sees the value and its tag
-// together, so no fence is needed for correctness). A reader first waits on a counter
-// (xchg_wait), then spins until every word it needs carries the tag of the step it waits
-// for; the buffer is zeroed before each launch and tags are never 0. Double-buffered by step parity, so a value is overwritten only after every
-// block has read it (a block writes step s + 2 only after reading everybody's step s + 1,
-// which each wrote after reading step s).
-__device__ __forceinline__ unsigned xchg_tag(int s) { return (unsigned)(s % 32767) + 1u; }
-
+// The grid tier's exchange between the blocks of one head: values as their 16 bits, written
+// with ordinary stores, and a counter per 8 batch rows of a head, to which each producing warp
+// adds 1 with release semantics once its values of a step are out (xchg_count, after a
+// __syncwarp: the release covers the whole warp's stores). A reader polls the counters it
+// needs with acquire loads until they reach the step's target (xchg_wait), then a barrier,
+// then every thread loads the values (xchg_gather): the acquire and the barrier order those
+// loads after the producers' stores. Double-buffered by step parity, so a value is
+// overwritten only after every block has read it (a block writes step s + 2 only after
+// reading everybody's step s + 1, which each wrote after reading step s).
+//
+// Measured on an H200 with the protocol alone (benchmarks/exchange_bench.cu, 96 blocks, 16
+// batch rows): the earlier design, 32-bit words carrying the value and the step's tag, the
+// counters only a hint and the tags checked on every word, took 2.6 us per step for h at
+// 768 units and 6.6 us for the backward's 3072 gate rows; this one 1.7 and 2.2. A block takes
+// in the whole exchange row every step, and the tags doubled its bytes.
 template <typename T> __device__ __forceinline__ unsigned short bits16(T v);
 template <> __device__ __forceinline__ unsigned short bits16<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 template <> __device__ __forceinline__ unsigned short bits16<__half>(__half v) { return __half_as_ushort(v); }
 
 template <typename T>
-__device__ __forceinline__ void xchg_put(unsigned* p, unsigned tag, T v) {
-  const unsigned w = (tag << 16) | bits16(v);
-  asm volatile("st.relaxed.gpu.global.b32 [%0], %1;" ::"l"(p), "r"(w) : "memory");
+__device__ __forceinline__ void xchg_put(unsigned short* p, T v) { *p = bits16(v); }
+
+// Two adjacent values; p is 4-byte aligned.
+template <typename T>
+__device__ __forceinline__ void xchg_put2(unsigned short* p, T lo, T hi) {
+  *reinterpret_cast<unsigned*>(p) = (unsigned)bits16(lo) | ((unsigned)bits16(hi) << 16);
 }
 
-__device__ __forceinline__ uint4 xchg_load4(const unsigned* p) {
-  uint4 v;
-  asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");
-  return v;
-}
-
-__device__ __forceinline__ unsigned xchg_load1(const unsigned* p) {
-  unsigned v;
-  asm volatile("ld.relaxed.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Waiting is done on counters, one per 8 batch rows of a head, to which each producing warp
-// adds 1 once its values of a step are out: warp 0 polls the block's counters (one lane each)
-// until they reach `target`, the other warps wait at the barrier. Only then does the block
-// read the values (xchg_gather), which seldom has to wait any more: spinning on the values
-// themselves, every block on every word, floods the L2 slices that hold them (a step took
-// 21 µs at 768 units; 6.1 µs with a flag per producing warp, every block polling all of them).
-// The count is a hint, not a guarantee (relaxed, no fence): the tags on the values stay the
-// check.
 __device__ __forceinline__ void xchg_count(unsigned* p) {
-  asm volatile("red.relaxed.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
+  asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
+// Warp 0 polls the block's counters (one lane each) until they reach `target`, the other
+// warps wait at the barrier. (Spinning on the values themselves, every block on every word,
+// floods the L2 slices that hold them: a step took 21 us at 768 units.)
 __device__ __forceinline__ void xchg_wait(const unsigned* counters, int count, unsigned target) {
-  if (threadIdx.x < count)
-    while (xchg_load1(counters + threadIdx.x) < target) {
-    }
+  if (threadIdx.x < count) {
+    unsigned v;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(counters + threadIdx.x) : "memory");
+    } while (v < target);
+  }
   __syncthreads();
 }
 
-// Rows [0, rows) x words [0, width) of an exchange slot (row stride `stride` words) into the
-// 16-bit shared-memory rows of dst (row stride `dstride` elements), once every word whose
-// unit (column % unit_pad) is below `units` carries `tag`; the others (padding, never
-// written: zero) are taken as they are. Loads go out kBatch per thread before any is waited
-// on. width and unit_pad are multiples of 4, stride of 4.
-template <typename T, int kThreads, int kBatch = 4>
-__device__ __forceinline__ void xchg_gather(const unsigned* src, long long stride, int width, int rows,
-                                            int unit_pad, int units, unsigned tag, T* dst, int dstride) {
-  const int per_row = width / 4, vecs = rows * per_row;
+// Rows [0, rows) x elements [0, width) of an exchange slot (row stride `stride` elements)
+// into the shared-memory rows of dst (row stride `dstride` elements), 16 bytes per load, L2
+// only (.cg), kBatch loads per thread in flight before any is stored. width, stride and
+// dstride are multiples of 8; src and dst 16-byte aligned. Call after xchg_wait.
+template <int kThreads, int kBatch>
+__device__ __forceinline__ void xchg_gather(const unsigned short* src, long long stride, int width, int rows,
+                                            void* dst, int dstride) {
+  const int per_row = width / 8, vecs = rows * per_row;
   for (int base = threadIdx.x; base < vecs; base += kBatch * kThreads) {
     uint4 v[kBatch];
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int k = base + i * kThreads;
-      if (k < vecs) v[i] = xchg_load4(src + (k / per_row) * stride + (k % per_row) * 4);
+      if (k < vecs) {
+        const unsigned short* p = src + (k / per_row) * stride + (k % per_row) * 8;
+        asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
+                     : "l"(p)
+                     : "memory");
+      }
     }
 #pragma unroll
     for (int i = 0; i < kBatch; ++i) {
       const int k = base + i * kThreads;
-      if (k < vecs) {
-        const int r = k / per_row, col = (k % per_row) * 4, live = units - col % unit_pad;
-        const unsigned* p = src + r * stride + col;
-        uint4 w = v[i];
-        while (!((live < 1 || (w.x >> 16) == tag) && (live < 2 || (w.y >> 16) == tag) &&
-                 (live < 3 || (w.z >> 16) == tag) && (live < 4 || (w.w >> 16) == tag)))
-          w = xchg_load4(p);
-        const uint2 out = make_uint2(__byte_perm(w.x, w.y, 0x5410), __byte_perm(w.z, w.w, 0x5410));
-        *reinterpret_cast<uint2*>(dst + r * dstride + col) = out;
-      }
+      if (k < vecs)
+        *reinterpret_cast<uint4*>(static_cast<unsigned short*>(dst) + (k / per_row) * dstride + (k % per_row) * 8) = v[i];
     }
   }
 }

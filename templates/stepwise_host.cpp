@@ -30,13 +30,14 @@ struct Dims {
   }
 };
 
-// The grid tier's exchange buffer (rnncc_abi.h), zeroed (its tags must not match any step),
-// set in the launch arguments `a` (a fused_args or fused_bwd_args); undefined, with a's
-// fields null and 0, when the kernels take none.
+// The grid tier's exchange buffer (rnncc_abi.h), zeroed (the counters start at 0, and the
+// padding values, never written, must be finite), set in the launch arguments `a` (a
+// fused_args or fused_bwd_args); undefined, with a's fields null and 0, when the kernels take
+// none.
 template <typename Args>
 at::Tensor attach_exchange(Args& a, const Dims& k, int64_t NH, int64_t B, const at::Tensor& like) {
-  const int64_t counters = NH * ((B + 7) / 8);
-  at::Tensor xchg = k.X ? at::zeros({2 * NH * B * k.X + counters}, like.options().dtype(at::kInt)) : at::Tensor();
+  const int64_t values = NH * B * k.X, counters = NH * ((B + 7) / 8);  // 2 x values 16-bit = values words
+  at::Tensor xchg = k.X ? at::zeros({values + counters}, like.options().dtype(at::kInt)) : at::Tensor();
   a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
   a.xchg_words = static_cast<int>(k.X);
   return xchg;

@@ -11,8 +11,9 @@ params stay on chip for the whole sequence. Two tiers and two products:
   accumulators (``fused_mma.cuh.j2``);
 - grid tier (bf16 / fp16, heads too large for one SM, ``D <= MAX_GRID_HEAD_DIM``): a head's
   8-unit slices on separate blocks of one cooperative launch, R's k split over a block's
-  warps, h (forward) and dg (backward) exchanged through global memory as tagged words, each
-  block waiting only for the values it reads (``fused_grid.cuh.j2``).
+  warps, h (forward) and dg (backward) exchanged through global memory as 16-bit values
+  behind a counter per 8 batch rows, each block waiting only for the values it reads
+  (``fused_grid.cuh.j2``).
 
 ``fused_support`` says, per dtype, whether ``D`` fits and ``fused_tier`` which tier runs it;
 everything else runs stepwise. The batch size stays a runtime value: the last chunk is masked.
@@ -202,7 +203,7 @@ def grid_warps(cell: Cell, D: int) -> tuple[int, int]:
 
 
 def exchange_words(cell: Cell, D: int) -> int:
-    """Grid tier: 32-bit exchange words per (head, batch row): the backward's gate rows (the
+    """Grid tier: 16-bit exchange values per (head, batch row): the backward's gate rows (the
     forward's h fits in them). The host allocates ``2 * NH * B`` rows of them, then the counters
     (``rnncc_abi.h``)."""
     return max(len(cell.gr_names), 1) * 16 * _k_tiles(D)
@@ -330,7 +331,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         )
         publish = (
             "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + (long long)gb * kXWords + d, "
-            "rnncc::xchg_tag(t + 1), rnncc::from_float<T>({v}));"
+            "rnncc::from_float<T>({v}));"
         )
         context["grid"] = KernelLines(
             update=update_lines(cell, MMA_LEAVES),
