@@ -103,20 +103,26 @@ __device__ __forceinline__ void store_pair(E* p, E lo, E hi) {
 namespace rnncc {
 
 // The grid tier's exchange between the blocks of one head: values as their 16 bits, written
-// with ordinary stores, and a counter per 8 batch rows of a head, to which each producing warp
-// adds 1 with release semantics once its values of a step are out (xchg_count, after a
-// __syncwarp: the release covers the whole warp's stores). A reader polls the counters it
-// needs with acquire loads until they reach the step's target (xchg_wait), then a barrier,
-// then every thread loads the values (xchg_gather): the acquire and the barrier order those
-// loads after the producers' stores. Double-buffered by step parity, so a value is
-// overwritten only after every block has read it (a block writes step s + 2 only after
-// reading everybody's step s + 1, which each wrote after reading step s).
+// with ordinary stores, and a counter per batch chunk, to which each producing warp adds 1
+// with release semantics once its values of a step are out (xchg_count, after a __syncwarp:
+// the release covers the whole warp's stores). A reader polls the counter with acquire loads
+// until it reaches the step's target (xchg_wait), then a barrier, then the block loads the
+// values: the acquire and the barrier order those loads after the producers' stores.
+// Double-buffered by step parity, so a value is overwritten only after every block has read
+// it (a block writes step s + 2 only after reading everybody's step s + 1, which each wrote
+// after reading step s).
 //
 // Measured on an H200 with the protocol alone (benchmarks/exchange_bench.cu, 96 blocks, 16
 // batch rows): the earlier design, 32-bit words carrying the value and the step's tag, the
 // counters only a hint and the tags checked on every word, took 2.6 us per step for h at
-// 768 units and 6.6 us for the backward's 3072 gate rows; this one 1.7 and 2.2. A block takes
+// 768 units and 6.6 us for the backward's 3072 gate rows; this one 1.5 and 2.2. A block takes
 // in the whole exchange row every step, and the tags doubled its bytes.
+//
+// Every poll is an L2 request to the counter's line, and more pollers lengthen the step
+// (1 x 768, B = 16, H200): with every product warp polling for itself rather than one thread
+// per block, the GRU's forward kernel took 30 % longer; with a counter per 8 batch rows (two
+// polling threads at 16 rows) rather than per chunk, the LSTM's backward took 12 % longer
+// (the forwards, the GRU's and the sLSTM's backward measured the same).
 template <typename T> __device__ __forceinline__ unsigned short bits16(T v);
 template <> __device__ __forceinline__ unsigned short bits16<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 template <> __device__ __forceinline__ unsigned short bits16<__half>(__half v) { return __half_as_ushort(v); }
@@ -134,17 +140,60 @@ __device__ __forceinline__ void xchg_count(unsigned* p) {
   asm volatile("red.release.gpu.global.add.u32 [%0], 1;" ::"l"(p) : "memory");
 }
 
-// Warp 0 polls the block's counters (one lane each) until they reach `target`, the other
-// warps wait at the barrier. (Spinning on the values themselves, every block on every word,
-// floods the L2 slices that hold them: a step took 21 us at 768 units.)
-__device__ __forceinline__ void xchg_wait(const unsigned* counters, int count, unsigned target) {
-  if (threadIdx.x < count) {
+// Thread 0 polls the counter until it reaches `target`, the other threads wait at the barrier.
+// (Spinning on the values themselves, every block on every word, floods the L2 slices that
+// hold them: a step took 21 us at 768 units.)
+__device__ __forceinline__ void xchg_wait(const unsigned* counter, unsigned target) {
+  if (threadIdx.x == 0) {
     unsigned v;
     do {
-      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(counters + threadIdx.x) : "memory");
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(v) : "l"(counter) : "memory");
     } while (v < target);
   }
   __syncthreads();
+}
+
+// Where unit d of h sits in an exchange row published in fragment order: within each 32 units
+// (a pair of k tiles of m16n8k16), the four values lane (g, c) of a warp needs as B fragments,
+// units 2c, 2c + 1, 2c + 8, 2c + 9 of the first tile and then of the second, are 8 adjacent
+// values at 8c, so that one 16-byte load fills b0, b1 of both tiles.
+__device__ __forceinline__ int frag_pos(int d) {
+  const int r = d & 15, c = (r & 7) >> 1;
+  return (d & ~31) + 8 * c + 4 * ((d >> 4) & 1) + 2 * (r >> 3) + (r & 1);
+}
+
+// B fragments (b0, b1) of k tiles [kt0, kt0 + kKT) for one batch row of h, published in
+// fragment order at `row` (kt0 even when kKT is); zero for a dead row and past kTiles tiles.
+template <int kKT, int kTiles>
+__device__ __forceinline__ void load_h_fragments(const unsigned short* row, int kt0, int c, bool live, uint32_t (&b)[kKT][2]) {
+  if constexpr (kKT % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < kKT; i += 2) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (live && kt0 + i < kTiles)
+        asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                     : "l"(row + 16 * (kt0 + i) + 8 * c)
+                     : "memory");
+      b[i][0] = v.x;
+      b[i][1] = v.y;
+      b[i + 1][0] = v.z;
+      b[i + 1][1] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kKT; ++i) {
+      const int kt = kt0 + i;
+      uint2 v = make_uint2(0u, 0u);
+      if (live && kt < kTiles)
+        asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];"
+                     : "=r"(v.x), "=r"(v.y)
+                     : "l"(row + 32 * (kt >> 1) + 8 * c + 4 * (kt & 1))
+                     : "memory");
+      b[i][0] = v.x;
+      b[i][1] = v.y;
+    }
+  }
 }
 
 // Rows [0, rows) x elements [0, width) of an exchange slot (row stride `stride` elements)

@@ -12,7 +12,7 @@ params stay on chip for the whole sequence. Two tiers and two products:
 - grid tier (bf16 / fp16, heads too large for one SM, ``D <= MAX_GRID_HEAD_DIM``): a head's
   8-unit slices on separate blocks of one cooperative launch, R's k split over a block's
   warps, h (forward) and dg (backward) exchanged through global memory as 16-bit values
-  behind a counter per 8 batch rows, each block waiting only for the values it reads
+  behind a counter per batch chunk, each block waiting only for the values it reads
   (``fused_grid.cuh.j2``).
 
 ``fused_support`` says, per dtype, whether ``D`` fits and ``fused_tier`` which tier runs it;
@@ -203,18 +203,18 @@ def grid_warps(cell: Cell, D: int) -> tuple[int, int]:
 
 
 def exchange_words(cell: Cell, D: int) -> int:
-    """Grid tier: 16-bit exchange values per (head, batch row): the backward's gate rows (the
-    forward's h fits in them). The host allocates ``2 * NH * B`` rows of them, then the counters
-    (``rnncc_abi.h``)."""
-    return max(len(cell.gr_names), 1) * 16 * _k_tiles(D)
+    """Grid tier: 16-bit exchange values per (head, batch row): the backward's gate rows, or
+    the forward's h in fragment order (whole pairs of k tiles), whichever is longer. The host
+    allocates ``2 * NH * B`` rows of them, then the counters (``rnncc_abi.h``)."""
+    k_tiles = _k_tiles(D)
+    return max(max(len(cell.gr_names), 1) * 16 * k_tiles, 32 * -(-k_tiles // 2))
 
 
 def _grid_smem(cell: Cell, D: int) -> tuple[int, int]:
-    """Grid tier, 8 batch rows per block: the shared memory of the forward (h, the warps'
-    partial R·h) and of the backward (dg, the partial dgᵀ·R, the block's biases and params)."""
-    kp = 16 * _k_tiles(D)
+    """Grid tier, 8 batch rows per block: the shared memory of the forward (the warps' partial
+    R·h) and of the backward (dg, the partial dgᵀ·R, the block's biases and params)."""
     fw_warps, bw_warps = grid_warps(cell, D)
-    fw = 8 * (kp + 8) * 2 + fw_warps * _gate_pairs(cell) * 4 * 32 * 4
+    fw = fw_warps * _gate_pairs(cell) * 4 * 32 * 4
     side = max(len(cell.gb_names), 1) + max(len(cell.params), 1)
     bw = 8 * (exchange_words(cell, D) + 8) * 2 + bw_warps * 4 * 32 * 4 + side * 8 * 4
     return fw, bw
@@ -330,7 +330,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
             f"{fw_warps} / {bw_warps} product warps"
         )
         publish = (
-            "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + (long long)gb * kXWords + d, "
+            "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + (long long)gb * kXWords + rnncc::frag_pos(d), "
             "rnncc::from_float<T>({v}));"
         )
         context["grid"] = KernelLines(

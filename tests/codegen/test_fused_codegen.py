@@ -62,6 +62,8 @@ def test_support_limits_per_product():
     assert fused_tier(elman, 128, "bfloat16") == "block"
     assert "head dim 128 > 64" in fused_support(elman, 128, "float32")
     assert mma_fragment_registers(lstm, 64) == 32 and mma_fragment_registers(elman, 128) == 32
+    # One gate, 13 k tiles: h in fragment order takes 7 whole pairs of tiles, longer than dg.
+    assert exchange_words(elman, 200) == 224
     with pytest.raises(ValueError, match="got 'float64'"):
         fused_support(lstm, 64, "float64")
     assert threads_for(lstm, 64) == 256 and threads_for(lstm, 8) == 128
