@@ -11,7 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 6
+#define RNNCC_ABI_VERSION 7
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -46,9 +46,10 @@ typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);
 // above, plus: states, last [S, B, NH, D] storage; R [Gr, NH, D, D] storage (out x in);
 // hist [T + 1, S, NH, B, D] float32 and rh [T, NH, B, Gr * D] float32, both written only
 // when not null (they are what the backward reads); xchg: zeros, the grid tier's exchange
-// between the blocks of a head: 16-bit values [2, NH, B, xchg_words], then uint32 counters
-// [NH, (B + 7) / 8] (xchg_words from the cell library's generator, even; 0 and null for the
-// block tier).
+// between the blocks of a head: 16-bit values [2, NH, B8, xchg_words] (B8: B rounded up to a
+// multiple of 8; the kernels order each slot in blocks of 8 rows), then uint32 counters
+// [NH, B8 / 8] (xchg_words from the cell library's generator, a multiple of 32; 0 and null
+// for the block tier).
 typedef struct rnncc_fused_args {
   int B, T, NH, D;
   int dtype;

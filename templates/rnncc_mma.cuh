@@ -162,67 +162,41 @@ __device__ __forceinline__ int frag_pos(int d) {
   return (d & ~31) + 8 * c + 4 * ((d >> 4) & 1) + 2 * (r >> 3) + (r & 1);
 }
 
-// B fragments (b0, b1) of k tiles [kt0, kt0 + kKT) for one batch row of h, published in
-// fragment order at `row` (kt0 even when kKT is); zero for a dead row and past kTiles tiles.
-template <int kKT, int kTiles>
-__device__ __forceinline__ void load_h_fragments(const unsigned short* row, int kt0, int c, bool live, uint32_t (&b)[kKT][2]) {
+// The fragment registers of k tiles [kt0, kt0 + kKT) of one batch row published in fragment
+// order, its pair of k tiles p at row + kPairStride p (b0, b1 of h; a0, a2 or a1, a3 of dg):
+// 16-byte loads when kt0 and kKT are even, else 8-byte ones; zero for a dead row and past
+// kTiles tiles.
+template <int kKT, int kTiles, int kPairStride>
+__device__ __forceinline__ void load_fragments(const unsigned short* row, int kt0, int c, bool live, uint32_t (&b)[kKT][2]) {
   if constexpr (kKT % 2 == 0) {
+    if (kt0 % 2 == 0) {
 #pragma unroll
-    for (int i = 0; i < kKT; i += 2) {
-      uint4 v = make_uint4(0u, 0u, 0u, 0u);
-      if (live && kt0 + i < kTiles)
-        asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                     : "l"(row + 16 * (kt0 + i) + 8 * c)
-                     : "memory");
-      b[i][0] = v.x;
-      b[i][1] = v.y;
-      b[i + 1][0] = v.z;
-      b[i + 1][1] = v.w;
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < kKT; ++i) {
-      const int kt = kt0 + i;
-      uint2 v = make_uint2(0u, 0u);
-      if (live && kt < kTiles)
-        asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];"
-                     : "=r"(v.x), "=r"(v.y)
-                     : "l"(row + 32 * (kt >> 1) + 8 * c + 4 * (kt & 1))
-                     : "memory");
-      b[i][0] = v.x;
-      b[i][1] = v.y;
+      for (int i = 0; i < kKT; i += 2) {
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        if (live && kt0 + i < kTiles)
+          asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
+                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                       : "l"(row + kPairStride * ((kt0 + i) >> 1) + 8 * c)
+                       : "memory");
+        b[i][0] = v.x;
+        b[i][1] = v.y;
+        b[i + 1][0] = v.z;
+        b[i + 1][1] = v.w;
+      }
+      return;
     }
   }
-}
-
-// Rows [0, rows) x elements [0, width) of an exchange slot (row stride `stride` elements)
-// into the shared-memory rows of dst (row stride `dstride` elements), 16 bytes per load, L2
-// only (.cg), kBatch loads per thread in flight before any is stored. width, stride and
-// dstride are multiples of 8; src and dst 16-byte aligned. Call after xchg_wait.
-template <int kThreads, int kBatch>
-__device__ __forceinline__ void xchg_gather(const unsigned short* src, long long stride, int width, int rows,
-                                            void* dst, int dstride) {
-  const int per_row = width / 8, vecs = rows * per_row;
-  for (int base = threadIdx.x; base < vecs; base += kBatch * kThreads) {
-    uint4 v[kBatch];
 #pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int k = base + i * kThreads;
-      if (k < vecs) {
-        const unsigned short* p = src + (k / per_row) * stride + (k % per_row) * 8;
-        asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
-                     : "=r"(v[i].x), "=r"(v[i].y), "=r"(v[i].z), "=r"(v[i].w)
-                     : "l"(p)
-                     : "memory");
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < kBatch; ++i) {
-      const int k = base + i * kThreads;
-      if (k < vecs)
-        *reinterpret_cast<uint4*>(static_cast<unsigned short*>(dst) + (k / per_row) * dstride + (k % per_row) * 8) = v[i];
-    }
+  for (int i = 0; i < kKT; ++i) {
+    const int kt = kt0 + i;
+    uint2 v = make_uint2(0u, 0u);
+    if (live && kt < kTiles)
+      asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];"
+                   : "=r"(v.x), "=r"(v.y)
+                   : "l"(row + kPairStride * (kt >> 1) + 8 * c + 4 * (kt & 1))
+                   : "memory");
+    b[i][0] = v.x;
+    b[i][1] = v.y;
   }
 }
 

@@ -36,7 +36,7 @@ struct Dims {
 // none.
 template <typename Args>
 at::Tensor attach_exchange(Args& a, const Dims& k, int64_t NH, int64_t B, const at::Tensor& like) {
-  const int64_t values = NH * B * k.X, counters = NH * ((B + 7) / 8);  // 2 x values 16-bit = values words
+  const int64_t B8 = (B + 7) / 8 * 8, values = NH * B8 * k.X, counters = NH * (B8 / 8);  // 2 x values 16-bit = values words
   at::Tensor xchg = k.X ? at::zeros({values + counters}, like.options().dtype(at::kInt)) : at::Tensor();
   a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
   a.xchg_words = static_cast<int>(k.X);

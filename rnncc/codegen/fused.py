@@ -203,20 +203,20 @@ def grid_warps(cell: Cell, D: int) -> tuple[int, int]:
 
 
 def exchange_words(cell: Cell, D: int) -> int:
-    """Grid tier: 16-bit exchange values per (head, batch row): the backward's gate rows, or
-    the forward's h in fragment order (whole pairs of k tiles), whichever is longer. The host
-    allocates ``2 * NH * B`` rows of them, then the counters (``rnncc_abi.h``)."""
-    k_tiles = _k_tiles(D)
-    return max(max(len(cell.gr_names), 1) * 16 * k_tiles, 32 * -(-k_tiles // 2))
+    """Grid tier: 16-bit exchange values per (head, batch row): the backward's gate rows in
+    fragment order (whole pairs of k tiles; the forward's h fits in them). The host allocates
+    ``2 * NH * B8`` rows of them (``B8``: the batch rounded up to 8), then the counters
+    (``rnncc_abi.h``)."""
+    return 32 * -(-(max(len(cell.gr_names), 1) * _k_tiles(D)) // 2)
 
 
 def _grid_smem(cell: Cell, D: int) -> tuple[int, int]:
     """Grid tier, 8 batch rows per block: the shared memory of the forward (the warps' partial
-    R·h) and of the backward (dg, the partial dgᵀ·R, the block's biases and params)."""
+    R·h) and of the backward (the partial dgᵀ·R, the block's biases and params)."""
     fw_warps, bw_warps = grid_warps(cell, D)
     fw = fw_warps * _gate_pairs(cell) * 4 * 32 * 4
     side = max(len(cell.gb_names), 1) + max(len(cell.params), 1)
-    bw = 8 * (exchange_words(cell, D) + 8) * 2 + bw_warps * 4 * 32 * 4 + side * 8 * 4
+    bw = bw_warps * 4 * 32 * 4 + side * 8 * 4
     return fw, bw
 
 
@@ -229,7 +229,7 @@ def _grid_support(cell: Cell, D: int) -> str | None:
     if max(grid_warps(cell, D)) > 32:
         return f"head dim {D}: the product's k needs more than 32 warps per block"
     if max(_grid_smem(cell, D)) > _GRID_SMEM_BYTES:
-        return f"head dim {D}: a block's exchange rows do not fit 227 KiB of shared memory"
+        return f"head dim {D}: a block's partial products do not fit 227 KiB of shared memory"
     return None
 
 
@@ -330,7 +330,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
             f"{fw_warps} / {bw_warps} product warps"
         )
         publish = (
-            "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + (long long)gb * kXWords + rnncc::frag_pos(d), "
+            "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + xchg_at(gb, rnncc::frag_pos(d)), "
             "rnncc::from_float<T>({v}));"
         )
         context["grid"] = KernelLines(

@@ -41,7 +41,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
 
-ABI_VERSION = 6
+ABI_VERSION = 7
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _lock = threading.Lock()
 

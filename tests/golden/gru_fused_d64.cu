@@ -366,7 +366,6 @@ constexpr int kKTiles = kKP / 16;  // k tiles of R·h
 constexpr int kPairs = (kGr + 1) / 2 > 0 ? (kGr + 1) / 2 : 1;  // m tiles of R·h: gate pairs
 constexpr int kGRows = (kGr > 0 ? kGr : 1) * kKP;  // k of dgᵀ·R: gate rows, gate-major
 constexpr int kGTiles = kGRows / 16;
-constexpr int kGStride = kGRows + 8;  // one batch row of dg in shared memory (+8: no bank conflicts)
 constexpr bool kPaired = kD % 2 == 0;  // backward: a lane's two units as one aligned access
 constexpr int kL2Ahead = 8;  // steps between the L2 prefetch of an input and its use
 
@@ -515,7 +514,8 @@ struct SumOverTime {
 // 16-bit resolution.
 constexpr int kWarps = (kD + 7) / 8;  // 8 units per warp
 constexpr int kMmaThreads = kWarps * 32;
-constexpr int kHStride = kKP + 8;  // one batch row of h in shared memory (+8, as kGStride)
+constexpr int kHStride = kKP + 8;  // one batch row of h in shared memory (+8: no bank conflicts)
+constexpr int kGStride = kGRows + 8;  // one batch row of dg in shared memory, likewise
 constexpr int kChains = kGTiles < 4 ? kGTiles : 4;  // independent accumulators of dgᵀ·R
 static_assert(kBC == 8, "the batch chunk is the n = 8 (forward) and the m = 8 + 8 (backward) side");
 static_assert(kWarps <= 16, "at most 16 warps (MMA_BLOCK_WARPS)");
