@@ -17,6 +17,7 @@ parts) and of the params (per element; the backends reduce them over batch and t
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from rnncc.errors import Source
 from rnncc.ir.node import Node
@@ -73,7 +74,8 @@ class Cell:
     outputs: tuple[str, ...]
     source: Source | None = field(default=None, compare=False, repr=False)
 
-    @property
+    # The derived names are cached (the cell is frozen): the call path reads them every call.
+    @cached_property
     def gates(self) -> tuple[Gate, ...]:
         """All gates in source order."""
         return tuple(
@@ -85,17 +87,17 @@ class Cell:
     def _gates_with(self, part: str) -> tuple[str, ...]:
         return tuple(g.name for g in self.gates if part in g.parts)
 
-    @property
+    @cached_property
     def gx_names(self) -> tuple[str, ...]:
         """Gates with a ``W x`` term: the order of ``Wx``'s gate axis."""
         return self._gates_with("x")
 
-    @property
+    @cached_property
     def gr_names(self) -> tuple[str, ...]:
         """Gates with an ``R h`` term: the order of ``R``'s first axis."""
         return self._gates_with("r")
 
-    @property
+    @cached_property
     def gb_names(self) -> tuple[str, ...]:
         """Gates with a ``b`` term: the order of ``b``'s first axis."""
         return self._gates_with("b")
@@ -104,11 +106,11 @@ class Cell:
         """Gate name → its index on the axis of ``part`` (``x``: Wx, ``r``: R, ``b``: b)."""
         return {g: k for k, g in enumerate(self._gates_with(part))}
 
-    @property
+    @cached_property
     def state_names(self) -> tuple[str, ...]:
         return tuple(s.name for s in self.states)
 
-    @property
+    @cached_property
     def param_names(self) -> tuple[str, ...]:
         return tuple(p.name for p in self.params)
 

@@ -62,6 +62,7 @@ class CompiledCell:
         self._warned: set[str] = set()
         self._stepwise: dict[str, StepwiseOps] = {}
         self._fused: dict[tuple[str, int], FusedOps] = {}
+        self._support: dict[tuple[int, torch.dtype], str | None] = {}  # fused_support's answers
 
     # ---- description ---------------------------------------------------------------------
     @property
@@ -169,7 +170,10 @@ class CompiledCell:
 
         if dtype not in _CUDA_DTYPES:
             return f"{dtype} is not a storage dtype of the CUDA backends"
-        return fused_support(self.ir, head_dim, str(dtype).removeprefix("torch."))
+        key = (head_dim, dtype)
+        if key not in self._support:  # asked on every call: the answer is computed once
+            self._support[key] = fused_support(self.ir, head_dim, str(dtype).removeprefix("torch."))
+        return self._support[key]
 
     def prepare(self, device: torch.device | str = "cuda", head_dim: int | None = None) -> None:
         """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at the

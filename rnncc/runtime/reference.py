@@ -36,7 +36,12 @@ def _to(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
 def _filled(
     values: list[float], shape: tuple[int, ...], dtype: torch.dtype, device: Any
 ) -> torch.Tensor:
-    # One fill per value, no host-to-device copy: capturable in a CUDA graph.
+    # Fills, no host-to-device copy: capturable in a CUDA graph. One fill when the values are
+    # equal (the usual zeros), else one per value.
+    if len(set(values)) <= 1:
+        return torch.full(
+            (len(values), *shape), values[0] if values else 0.0, dtype=dtype, device=device
+        )
     out = torch.empty((len(values), *shape), dtype=dtype, device=device)
     for k, v in enumerate(values):
         out[k].fill_(v)

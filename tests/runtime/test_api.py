@@ -268,6 +268,20 @@ def _cuda_like(dtype: torch.dtype = torch.bfloat16) -> Any:
     return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype)
 
 
+def test_fused_support_is_worked_out_once_per_size_and_dtype(monkeypatch) -> None:
+    # Every call asks it (the backend choice): the answer is kept per (head dim, dtype).
+    import rnncc.codegen.fused as fused
+
+    asked = []
+    real = fused.fused_support
+    monkeypatch.setattr(fused, "fused_support", lambda *a: asked.append(a[1:]) or real(*a))
+    cell = lstm()
+    for _ in range(3):
+        assert cell.fused_support(64) is None
+        assert cell.fused_support(65, torch.float32) is not None
+    assert asked == [(64, "bfloat16"), (65, "float32")]
+
+
 def test_fused_backend_names_the_limit_it_hits() -> None:
     cell = lstm()
     assert cell.fused_support(64) is None
