@@ -290,6 +290,9 @@ def _define_ops(
         ctx.states_shape = states.shape
         ctx.states_dtype = states.dtype
         ctx.save = save
+        # hist and rh are outputs only to be saved: without this, autograd would fill a zero
+        # gradient of each (hundreds of MB at T = 1024) before every backward.
+        ctx.set_materialize_grads(False)
 
     def grad(
         ctx: Any,

@@ -274,6 +274,31 @@ def test_prebuilt_package_loads_from_cache(tmp_path):
     assert (cache / "builds.log").read_text().splitlines() == builds
 
 
+@pytest.mark.parametrize("backend", ["stepwise", "fused"])
+@pytest.mark.parametrize("used", ["y", "last"])
+def test_a_loss_of_one_output_gets_the_gradients_of_a_zero_cotangent_for_the_other(
+    cells, backend, used
+):
+    """Autograd passes no cotangent for an output the loss does not use (nor for the saved
+    history): the backward fills in zeros itself, with the same gradients as explicit zeros."""
+    cell = cells["lstm"]
+    x = {
+        k: None if v is None else v.cuda().to(torch.bfloat16)
+        for k, v in random_inputs(cell.ir, 3, 9, 2, 16).items()
+    }
+    grads = []
+    for explicit in (False, True):
+        ins = {k: None if v is None else v.clone().requires_grad_() for k, v in x.items()}
+        y, last = cell(*(ins[k] for k in INPUTS), backend=backend)
+        loss = (y if used == "y" else last).float().sum()
+        if explicit:
+            loss = loss + 0 * (last if used == "y" else y).float().sum()
+        loss.backward()
+        grads.append([ins[k].grad for k in INPUTS if ins[k] is not None])
+    for got, want in zip(*grads, strict=True):
+        assert got is not None and torch.equal(got, want)
+
+
 def test_fused_reads_a_view_that_starts_unaligned(cells):
     """The tensor-core kernels read two adjacent elements per access: a contiguous view whose
     data starts at an odd element is copied by the host, not read misaligned."""
