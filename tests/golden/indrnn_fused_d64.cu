@@ -578,10 +578,11 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   // steps earlier). My reading, not confirmed in the SASS: a warp's loads in flight share six
   // scoreboards, so the read also waited for the loads just issued.
   const int rows = a.B - b0 < kBC ? a.B - b0 : kBC;  // live batch rows of this block
+  rnncc::L2Stream<rnncc::l2_lines_per_thread(kBC * kGx, kD * 2, kMmaThreads)> wx_l2;  // W x, kL2Ahead steps ahead
+  wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD,
+             (long long)a.T * kGx * NHD, rows, NHD, kGx, kD, threadIdx.x, kMmaThreads);
   auto step = [&](const int t, WxRegs& wxv, WxRegs& wnext) {
-    if (t + kL2Ahead < a.T)
-      rnncc::l2_prefetch(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + t + kL2Ahead) * kGx * NHD + (long long)n * kD,
-                         (long long)a.T * kGx * NHD, rows, NHD, kGx, kD, threadIdx.x, kMmaThreads);
+    if (t + kL2Ahead < a.T) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
     float acc[kPairs][4];
 #pragma unroll
     for (int p = 0; p < kPairs; ++p)
