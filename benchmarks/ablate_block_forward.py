@@ -1,0 +1,130 @@
+"""Where the block-tier forward's step goes: the 12 x 64 LSTM forward kernel (B = 16, T = 1024,
+bf16) built with parts of its generated source removed, each variant's kernel time (torch
+profiler, no-grad and training mode). The variants patch the generated text: they fit the
+LSTM at this size only, and compute wrong values (timing only).
+
+Usage (GPU machine): python benchmarks/ablate_block_forward.py
+"""
+
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+import rnncc
+from rnncc.runtime import stepwise as sw
+from rnncc.testing import random_inputs
+
+NH, D, B = 12, 64, 16
+cell = rnncc.load("examples/lstm.rnn")
+orig = sw.generate_fused
+WX = (
+    "for (int k = 0; k < kGx; ++k) w[k][q] = wxp[q][k * NHD];",
+    "for (int k = 0; k < kGx; ++k) w[k][q] = 0x3c00u + k;",
+)
+Y = ("        yp[q][0 * yO] = rnncc::from_float<T>(new_h);\n", "")
+BAR = ("    __syncthreads();\n  };\n\n  // Three buffers", "  };\n\n  // Three buffers")
+L2 = ("    if (t + kL2Ahead < a.T) wx_l2.prefetch(", "    if (false) wx_l2.prefetch(")
+SPLIT = (
+    """#pragma unroll
+        for (int p = 0; p < kPairs; ++p) rnncc::mma16816<T>(acc[p], ra[p][kt], h0, h1);
+      }
+    }""",
+    """#pragma unroll
+        for (int p = 0; p < kPairs; ++p) rnncc::mma16816<T>((kt & 1) ? acc2[p] : acc[p], ra[p][kt], h0, h1);
+      }
+#pragma unroll
+      for (int p = 0; p < kPairs; ++p)
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc[p][i] += acc2[p][i];
+    }""",
+)
+SPLIT0 = (
+    """    float acc[kPairs][4];
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[p][i] = 0.0f;
+    if (kGr > 0) {
+      const T* hb = &hsm""",
+    """    float acc[kPairs][4], acc2[kPairs][4];
+#pragma unroll
+    for (int p = 0; p < kPairs; ++p)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc[p][i] = acc2[p][i] = 0.0f;
+    if (kGr > 0) {
+      const T* hb = &hsm""",
+)
+CELL = (
+    "        const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);\n        // new states\n        const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);",
+    "        const float v_t0 = g_f * s_c + g_i * g_z;\n        // new states\n        const float new_h = g_o * v_t0;",
+)
+VARIANTS = {
+    "base": [],
+    "no-wx-load": [WX],
+    "no-y-store": [Y],
+    "no-l2-prefetch": [L2],
+    "no-barrier": [BAR],
+    "no-activations": [CELL],
+    "split-k": [SPLIT0, SPLIT],
+    "no-global-memory": [WX, Y, L2],
+    "no-global-no-activations": [WX, Y, L2, CELL],
+}
+
+
+def text_of(patches):
+    src = orig(cell.ir, cell.backward_ir, D)
+    text = src.text
+    for old, new in patches:
+        assert text.count(old) >= 1, old
+        i = text.index(
+            "fused_forward_mma(const rnncc_fused_args a)"
+        )  # patch the block-tier forward only
+        head, tail = text[:i], text[i:]
+        assert old in tail, old
+        text = head + tail.replace(old, new, 1)
+    return dataclasses.replace(src, text=text)
+
+
+sources = {k: text_of(v) for k, v in VARIANTS.items()}
+arch = sw.arch_of(0)
+
+
+def build(name):
+    src = sources[name]
+    return sw.build_library(
+        f"rnncc_{cell.name}_fused_d{D}",
+        {src.filename: src.text},
+        arch=arch,
+        headers=sw._header_paths(),
+    )
+
+
+with ThreadPoolExecutor(16) as pool:
+    list(pool.map(build, VARIANTS))
+x = random_inputs(cell.ir, B, 1024, NH, D, seed=0)
+xs = [
+    None if x[k] is None else x[k].to("cuda", torch.bfloat16)
+    for k in ("Wx", "R", "b", "states", "params")
+]
+for name in VARIANTS:
+    sw.generate_fused = lambda c, b, d, _s=sources[name]: _s
+    ops = sw.FusedOps(cell.ir, cell.backward_ir, arch, D)
+    times = {}
+    for mode in ("no_grad", "train"):
+        ins = [None if v is None else v.clone().requires_grad_(mode == "train") for v in xs]
+        with torch.set_grad_enabled(mode == "train"):
+            for _ in range(3):
+                ops(*ins)
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(5):
+                    ops(*ins)
+                torch.cuda.synchronize()
+        ev = [e for e in prof.key_averages() if "fused_forward" in e.key]
+        times[mode] = ev[0].device_time_total / ev[0].count
+    print(
+        f"{name:26s} fw kernel no_grad {times['no_grad']:7.1f} us ({times['no_grad'] / 1024 * 1e3:5.0f} ns/step)  train {times['train']:7.1f} us",
+        flush=True,
+    )
