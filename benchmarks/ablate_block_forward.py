@@ -20,12 +20,24 @@ NH, D, B = 12, 64, 16
 cell = rnncc.load("examples/lstm.rnn")
 orig = sw.generate_fused
 WX = (
-    "for (int k = 0; k < kGx; ++k) w[k][q] = wxp[q][k * NHD];",
-    "for (int k = 0; k < kGx; ++k) w[k][q] = 0x3c00u + k;",
+    "for (int k = 0; k < kGx; ++k) wxv[k][q] = w[(2 * c4 + q) * (kWxRow / 2) + k * kD];",
+    "for (int k = 0; k < kGx; ++k) wxv[k][q] = 0x3c00u + k;",
+)
+COPY = ("    copy_wx(t + kWxAhead);\n", "")
+# W x also prefetched into L2, 8 steps ahead (as before the copies through shared memory).
+L2 = (
+    "    copy_wx(t + kWxAhead);\n",
+    "    copy_wx(t + kWxAhead);\n    if (t + kL2Ahead < a.T) wx_l2.prefetch((long long)t * kGx * NHD * 2);\n",
+)
+L2_INIT = (
+    "  auto step = [&](const int t) {",
+    """  rnncc::L2Stream<rnncc::l2_lines_per_thread(kBC * kGx, kD * 2, kMmaThreads)> wx_l2;
+  wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD,
+             (long long)a.T * kGx * NHD, a.B - b0 < kBC ? a.B - b0 : kBC, NHD, kGx, kD, threadIdx.x, kMmaThreads);
+  auto step = [&](const int t) {""",
 )
 Y = ("        yp[q][0 * yO] = rnncc::from_float<T>(new_h);\n", "")
-BAR = ("    __syncthreads();\n  };\n\n  // Three buffers", "  };\n\n  // Three buffers")
-L2 = ("    if (t + kL2Ahead < a.T) wx_l2.prefetch(", "    if (false) wx_l2.prefetch(")
+BAR = ("    __syncthreads();\n  };\n#pragma unroll 2", "  };\n#pragma unroll 2")
 SPLIT = (
     """#pragma unroll
         for (int p = 0; p < kPairs; ++p) rnncc::mma16816<T>(acc[p], ra[p][kt], h0, h1);
@@ -62,14 +74,15 @@ CELL = (
 )
 VARIANTS = {
     "base": [],
-    "no-wx-load": [WX],
+    "no-wx-load": [WX, COPY],
+    "no-wx-copy": [COPY],
+    "with-l2-prefetch": [L2_INIT, L2],
     "no-y-store": [Y],
-    "no-l2-prefetch": [L2],
     "no-barrier": [BAR],
     "no-activations": [CELL],
     "split-k": [SPLIT0, SPLIT],
-    "no-global-memory": [WX, Y, L2],
-    "no-global-no-activations": [WX, Y, L2, CELL],
+    "no-global-memory": [WX, COPY, Y],
+    "no-global-no-activations": [WX, COPY, Y, CELL],
 }
 
 

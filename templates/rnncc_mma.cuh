@@ -102,6 +102,30 @@ struct L2Stream {
 
 namespace rnncc {
 
+// Asynchronous copies global -> shared (cp.async): kBytes (4, 8 or 16; both addresses aligned
+// to it) from src to the shared address dst, or kBytes zeros where `valid` is false (nothing
+// is read then). Completion is counted in groups per thread: commit closes a group, and
+// wait<N> returns once at most N of the thread's groups are still in flight; a barrier after
+// it makes the copies visible to the other threads.
+template <int kBytes>
+__device__ __forceinline__ void cp_async(unsigned dst, const void* src, bool valid) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");
+  const int n = valid ? kBytes : 0;
+  if constexpr (kBytes == 16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(src), "r"(n) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;" ::"r"(dst), "l"(src), "n"(kBytes), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+}  // namespace rnncc
+
+namespace rnncc {
+
 // Two adjacent elements in one access (p must be aligned to twice the element size).
 template <typename E> struct Pair;
 template <> struct Pair<float> { typedef float2 type; };

@@ -168,6 +168,20 @@ def _ffma_support(cell: Cell, D: int) -> str | None:
     return None
 
 
+#: Block tier forward: steps of W x copied ahead into shared memory (kWxAhead), in a ring of
+#: one more slot (fused_mma.cuh.j2).
+MMA_WX_AHEAD = 3
+
+
+def mma_forward_smem(cell: Cell, D: int) -> int:
+    """Block tier, tensor-core forward: bytes of shared memory, h double-buffered and the
+    ring of W x slots (a slot: 8 batch rows, each padded to 16 bytes past a multiple of 128)."""
+    h = 2 * BATCH_CHUNK * (_k_tiles(D) * 16 + 8) * 2
+    row = max(len(cell.gx_names), 1) * D * 2
+    row += (144 - row % 128) % 128
+    return h + ((MMA_WX_AHEAD + 1) * BATCH_CHUNK * row if cell.gx_names else 16)
+
+
 def _mma_support(cell: Cell, D: int) -> str | None:
     warps, regs = mma_warps(D), mma_fragment_registers(cell, D)
     if warps > MMA_BLOCK_WARPS:
@@ -179,6 +193,11 @@ def _mma_support(cell: Cell, D: int) -> str | None:
         return (
             f"head dim {D}: R as mma fragments needs {regs} registers per thread "
             f"(> {MMA_FRAGMENT_REGISTERS})"
+        )
+    if mma_forward_smem(cell, D) > _SMEM_BYTES:
+        return (
+            f"head dim {D}: h and {MMA_WX_AHEAD + 1} steps of W x "
+            f"({len(cell.gx_names)} gates) do not fit 48 KiB of shared memory"
         )
     return None
 
@@ -345,6 +364,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         rec=rec,
         D=D,
         BC=BATCH_CHUNK,
+        wx_ahead=MMA_WX_AHEAD,
         **context,
         **cell_context(cell),
     )

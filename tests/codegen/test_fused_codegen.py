@@ -15,11 +15,13 @@ from test_stepwise_codegen import _compile, _nvcc
 import rnncc
 from rnncc.codegen.fused import (
     MAX_FFMA_HEAD_DIM,
+    _mma_support,
     exchange_words,
     fused_support,
     fused_tier,
     generate_fused,
     grid_warps,
+    mma_forward_smem,
     mma_fragment_registers,
     mma_warps,
     threads_for,
@@ -82,6 +84,19 @@ def test_support_limits_per_product():
         "bfloat16 (tensor-core product): block tier: head dim 16: R as mma fragments needs 68 "
         "registers per thread (> 32); grid tier: 34 R h gates: one k tile of R takes 68 "
         "registers (> 64)"
+    )
+
+    # Twelve gates of W x: four steps of them (the block forward's ring) overflow 48 KiB.
+    (many,), _ = rnncc.frontend.compile_source(
+        "cell m(h) {\n  gates " + ", ".join(f"g{k}" for k in range(12)) + " = W x\n"
+        "  gates r = R h\n"
+        "  h = tanh(r + " + " + ".join(f"g{k}" for k in range(12)) + ")\n}\n"
+    )
+    assert mma_forward_smem(many, 64) == 2304 + 4 * 8 * (12 * 128 + 16)
+    assert fused_tier(many, 64, "bfloat16") == "grid"
+    assert fused_tier(many, 56, "bfloat16") == "block"
+    assert _mma_support(many, 64) == (
+        "head dim 64: h and 4 steps of W x (12 gates) do not fit 48 KiB of shared memory"
     )
 
 

@@ -405,7 +405,6 @@ constexpr int kPairs = (kGr + 1) / 2 > 0 ? (kGr + 1) / 2 : 1;  // m tiles of R·
 constexpr int kGRows = (kGr > 0 ? kGr : 1) * kKP;  // k of dgᵀ·R: gate rows, gate-major
 constexpr int kGTiles = kGRows / 16;
 constexpr bool kPaired = kD % 2 == 0;  // backward: a lane's two units as one aligned access
-constexpr int kL2Ahead = 8;  // steps between the L2 prefetch of an input and its use
 
 // One element of R[gate][n] (out x in) as float; zero outside the cell (the padding).
 template <typename T>
@@ -556,6 +555,21 @@ constexpr int kHStride = kKP + 8;  // one batch row of h in shared memory (+8: n
 constexpr int kGStride = kGRows + 8;  // one batch row of dg in shared memory, likewise
 constexpr int kChains = kGTiles < 4 ? kGTiles : 4;  // independent accumulators of dgᵀ·R
 static_assert(kBC == 8, "the batch chunk is the n = 8 (forward) and the m = 8 + 8 (backward) side");
+
+// The forward's W x goes through shared memory: step t's kBC batch rows x kGx gates x kD
+// units, copied by cp.async kWxAhead steps ahead into slot t % kWxSlots of a ring, whole
+// 16-byte pieces where the head dim allows (a row of one gate is kD adjacent elements). The
+// copies hold no registers and are waited for by count (cp.async.wait_group), so a step waits
+// only for its own W x, however long its copies took.
+constexpr int kWxAhead = 3;  // MMA_WX_AHEAD in rnncc/codegen/fused.py
+constexpr int kWxSlots = kWxAhead + 1;  // the slot written at step t was last read at step t - 1
+constexpr int kWxChunk = kD % 8 == 0 ? 16 : kD % 4 == 0 ? 8 : kD % 2 == 0 ? 4 : 2;  // bytes per copy
+constexpr int kWxPieces = kD * 2 / kWxChunk;  // copies per (batch row, gate)
+constexpr int kWxRow0 = (kGx > 0 ? kGx : 1) * kD * 2;
+// A batch row's bytes in the ring, padded to 16 (mod 128): the rows 2c and 2c + 2 that a warp's
+// lanes read at once then fall in different banks.
+constexpr int kWxRow = kWxRow0 + (144 - kWxRow0 % 128) % 128;
+constexpr int kWxMine = (kBC * kGx * kWxPieces + kMmaThreads - 1) / kMmaThreads;  // copies per thread
 static_assert(kWarps <= 16, "at most 16 warps (MMA_BLOCK_WARPS)");
 
 template <typename T>
@@ -566,11 +580,47 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   using rnncc::fast::rnncc_softplus;
   using rnncc::fast::rnncc_tanh;
   __shared__ __align__(16) T hsm[2][kBC][kHStride];
+  __shared__ __align__(16) unsigned char wsm[kGx > 0 ? kWxSlots * kBC * kWxRow : 16];
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g8 = lane >> 2, c4 = lane & 3;
   const int n = blockIdx.x;
   const int b0 = blockIdx.y * kBC;
   const long long NHD = (long long)a.NH * kD;
+
+  // This thread's copies of W x: piece j of gate k of batch row r, from step 0 of the input.
+  // Rows past the batch are zero-filled.
+  const unsigned char* wsrc[kWxMine > 0 ? kWxMine : 1];
+  unsigned wdst[kWxMine > 0 ? kWxMine : 1];
+  bool wok[kWxMine > 0 ? kWxMine : 1], wmine[kWxMine > 0 ? kWxMine : 1];
+#pragma unroll
+  for (int i = 0; i < kWxMine; ++i) {
+    const int c = threadIdx.x + i * kMmaThreads, r = c / (kGx * kWxPieces), k = c / kWxPieces % kGx, j = c % kWxPieces;
+    wmine[i] = c < kBC * kGx * kWxPieces;
+    wok[i] = wmine[i] && b0 + r < a.B;
+    const long long row = wok[i] ? b0 + r : 0;
+    wsrc[i] = static_cast<const unsigned char*>(a.Wx) + ((row * a.T * kGx + k) * NHD + (long long)n * kD) * 2 + j * kWxChunk;
+    wdst[i] = (unsigned)__cvta_generic_to_shared(wsm) + r * kWxRow + k * kD * 2 + j * kWxChunk;
+  }
+  // Step t's copies, as one group (empty past the sequence, so that every step closes one).
+  auto copy_wx = [&](const int t) {
+    if (kGx > 0 && t < a.T) {
+      const long long off = (long long)t * kGx * NHD * 2;
+      const unsigned slot = (unsigned)t % kWxSlots * (kBC * kWxRow);
+#pragma unroll
+      for (int i = 0; i < kWxMine; ++i) {
+        if (!wmine[i]) continue;
+        if constexpr (kWxChunk >= 4) {
+          rnncc::cp_async<kWxChunk>(wdst[i] + slot, wsrc[i] + off, wok[i]);
+        } else {  // an odd head dim: 2-byte pieces, which cp.async cannot copy, loaded and stored
+          const unsigned short v = wok[i] ? *reinterpret_cast<const unsigned short*>(wsrc[i] + off) : 0;
+          asm volatile("st.shared.u16 [%0], %1;" ::"r"(wdst[i] + slot), "h"(v) : "memory");
+        }
+      }
+    }
+    rnncc::cp_async_commit();
+  };
+#pragma unroll
+  for (int t = 0; t < kWxAhead; ++t) copy_wx(t);
   const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
   const T* states = static_cast<const T*>(a.states);
   const int d = 8 * warp + g8;  // this lane's unit; its batch rows are 2 c4 + q, q = 0, 1
@@ -600,11 +650,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   float bv[kGb > 0 ? kGb : 1][2];
   // A lane's addresses, as pointers moved one step on per step rather than whole 64-bit
   // indices per access (the forward is short of instructions to hide latency with: 3% per
-  // step at 12 x 64 on an H200): W x of the step being loaded (two ahead), y and R·h of the
-  // step, the saved states after it. A masked element points at element 0 of head n, which
+  // step at 12 x 64 on an H200): y and R·h of the step, the saved states after it. A masked element points at element 0 of head n, which
   // it may read but never writes.
   const long long NBD = (long long)a.NH * a.B * kD;  // one state of the saved history
-  const unsigned short* wxp[2];
   T* yp[2];
   float* hp[2];
   float* rp[2];
@@ -613,7 +661,6 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
     const int b = 2 * c4 + q, gb = b0 + b;
     const bool live = unit && gb < a.B;
     const int g = live ? gb : 0, u = live ? d : 0;
-    wxp[q] = static_cast<const unsigned short*>(a.Wx) + (long long)g * a.T * kGx * NHD + (long long)n * kD + u;
     yp[q] = static_cast<T*>(a.y) + (long long)g * a.T * NHD + (long long)n * kD + u;
     hp[q] = a.hist ? a.hist + kS * NBD + ((long long)n * a.B + g) * kD + u : nullptr;  // after step 0
     rp[q] = a.rh ? a.rh + ((long long)n * a.B + g) * kRows + u : nullptr;
@@ -629,37 +676,27 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
       pv[p][q] = unit ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
     if (kGr > 0 && live) hsm[0][b][d] = rnncc::from_float<T>(st[kRec][q]);
   }
+  rnncc::cp_async_wait<kWxAhead - 1>();  // step 0's W x
   __syncthreads();
   const long long yO = (long long)a.B * a.T * NHD;
   (void)yO;
 
-  // W x at wxp into w, raw (bits_float), converted to float where the cell reads it; then
-  // wxp moves on a step, up to the last. The loads are unconditional (masked elements read
-  // element 0, steps past the end the last), so that nothing in step t waits for the loads
-  // of later steps.
-  typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];  // raw 16-bit elements (bits_float)
-  auto load_wx = [&](const int t, WxRegs& w) {
+  // One step: the copies of step t + kWxAhead's W x go out (into the slot that step t - 1
+  // read), then the lane reads this step's from shared memory, raw (bits_float), converted
+  // to float where the cell reads it. Before the step's barrier, each thread waits for its
+  // copies of step t + 1.
+  typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];
+  const unsigned short* const wxs = reinterpret_cast<const unsigned short*>(wsm) + (unit ? d : 0);
+  auto step = [&](const int t) {
+    copy_wx(t + kWxAhead);
+    WxRegs wxv;
+    {
+      const unsigned short* const w = wxs + (unsigned)t % kWxSlots * (kBC * kWxRow / 2);
 #pragma unroll
-    for (int q = 0; q < 2; ++q) {
+      for (int q = 0; q < 2; ++q)
 #pragma unroll
-      for (int k = 0; k < kGx; ++k) w[k][q] = wxp[q][k * NHD];
-      if (t + 1 < a.T) wxp[q] += kGx * NHD;
+        for (int k = 0; k < kGx; ++k) wxv[k][q] = w[(2 * c4 + q) * (kWxRow / 2) + k * kD];
     }
-  };
-  // One step: W x of step t is in wxv; step t + 2's is loaded into wnext meanwhile (a DRAM
-  // load takes about as long as a step: one step ahead is not enough).
-  //
-  // Loads ahead go out at the end of a step, after the cell's last read of this step's
-  // registers, never before it. Issued first, they stalled those reads (ncu, H200, backward
-  // at 12 x 64: the top long-scoreboard stall was the first read of a register loaded two
-  // steps earlier). My reading, not confirmed in the SASS: a warp's loads in flight share six
-  // scoreboards, so the read also waited for the loads just issued.
-  const int rows = a.B - b0 < kBC ? a.B - b0 : kBC;  // live batch rows of this block
-  rnncc::L2Stream<rnncc::l2_lines_per_thread(kBC * kGx, kD * 2, kMmaThreads)> wx_l2;  // W x, kL2Ahead steps ahead
-  wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD,
-             (long long)a.T * kGx * NHD, rows, NHD, kGx, kD, threadIdx.x, kMmaThreads);
-  auto step = [&](const int t, WxRegs& wxv, WxRegs& wnext) {
-    if (t + kL2Ahead < a.T) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
     float acc[kPairs][4];
 #pragma unroll
     for (int p = 0; p < kPairs; ++p)
@@ -717,30 +754,17 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }
-    load_wx(t + 2, wnext);  // after the cell's last read of wxv: see "Loads ahead" above
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       yp[q] += NHD;
       if (a.hist) hp[q] += kS * NBD;
       if (a.rh) rp[q] += (long long)a.NH * a.B * kRows;
     }
+    rnncc::cp_async_wait<kWxAhead - 1>();  // step t + 1's W x (later steps' may be in flight)
     __syncthreads();
   };
-
-  // Three buffers in rotation, the loop unrolled by three so that they stay registers.
-  WxRegs wa, wb, wc;
-  if (a.T > 0) {  // an empty sequence has no W x to read; else every load is clamped into it
-    load_wx(0, wa);
-    load_wx(1, wb);
-  }
-  int t = 0;
-  for (; t + 2 < a.T; t += 3) {
-    step(t, wa, wc);
-    step(t + 1, wb, wa);
-    step(t + 2, wc, wb);
-  }
-  if (t < a.T) step(t, wa, wc);
-  if (t + 1 < a.T) step(t + 1, wb, wa);
+#pragma unroll 2
+  for (int t = 0; t < a.T; ++t) step(t);
 
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
@@ -902,7 +926,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       }
       sums.add(o.gb, o.p);
     }
-    load_inputs(t - 2, next);  // two steps ahead, issued after the cell's last read of cur (as in the forward)
+    // Two steps ahead, issued after the cell's last read of cur, never before it: issued first,
+    // they stalled those reads (ncu, H200, 12 x 64: the top long-scoreboard stall was the first
+    // read of a register loaded two steps earlier). My reading, not confirmed in the SASS: a
+    // warp's loads in flight share six scoreboards, so the read also waited for the loads just
+    // issued. (The forward's W x goes through shared memory by cp.async instead.)
+    load_inputs(t - 2, next);
     __syncthreads();
     float acc[kChains][4];
 #pragma unroll

@@ -34,10 +34,13 @@ FUSED_CASES = pairwise(
 )
 
 #: Head dims outside the pairwise sample: tensor-core tiles that are partly padding (40 = 5
-#: warps of 8 units, 2.5 k tiles), a head dim that only the tensor-core kernels run, and an
-#: odd one (the backward's lanes then access their two units one at a time).
+#: warps of 8 units, 2.5 k tiles), a head dim that only the tensor-core kernels run, an odd
+#: one (the backward's lanes then access their two units one at a time; the forward copies W x
+#: 2 bytes at a time), and head dims whose W x rows the forward copies in 8- and 4-byte pieces.
 EXTRA_FUSED_CASES = [
     {"example": "lstm", "dtype": "fp16", "B": 9, "D": 40, "NH": 2, "T": 33},
+    {"example": "gru", "dtype": "fp16", "B": 11, "D": 20, "NH": 3, "T": 25},
+    {"example": "lstm", "dtype": "bf16", "B": 17, "D": 18, "NH": 2, "T": 30},
     {"example": "gru", "dtype": "bf16", "B": 20, "D": 56, "NH": 1, "T": 65},
     {"example": "elman", "dtype": "bf16", "B": 5, "D": 128, "NH": 2, "T": 40},
     {"example": "slstm", "dtype": "bf16", "B": 6, "D": 9, "NH": 2, "T": 20},
