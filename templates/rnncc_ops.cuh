@@ -49,7 +49,7 @@ __device__ __forceinline__ float rnncc_min(float a, float b) { return (a != a ||
 
 // Faster forms for the 16-bit (bf16 / fp16) tensor-core kernels, whose storage resolution is
 // 2^-8 (bf16) or 2^-11 (fp16): the hardware tanh (tanh.approx.f32, one MUFU op, relative error
-// about 2^-11), a sigmoid with the approximate reciprocal (__fdividef, 2 ulp), and log, log σ
+// about 2^-11), the sigmoid on it (absolute error about 2^-12), and log, log σ
 // and softplus on the fast logarithm (__logf) instead of logf / log1pf. A kernel
 // takes them with block-scope using-declarations, which hide the accurate ones above for the
 // generated code in that kernel only.
@@ -60,7 +60,9 @@ __device__ __forceinline__ float rnncc_tanh(float x) {
   asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
-__device__ __forceinline__ float rnncc_sigmoid(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+// σ(x) = (1 + tanh(x / 2)) / 2: one MUFU op, where exp and the reciprocal take two. (H100,
+// T = 1024, kernel times: the 12 x 64 LSTM forward 542 -> 520 us, its backward 1535 -> 1421.)
+__device__ __forceinline__ float rnncc_sigmoid(float x) { return fmaf(0.5f, rnncc_tanh(0.5f * x), 0.5f); }
 // __logf: absolute error below 2^-21 near 1, 2 ulp elsewhere. In log σ(x), log1p(e) for a tiny
 // e = exp(-|x|) becomes log(1 + e), which loses e < 2^-24 (absolute).
 __device__ __forceinline__ float rnncc_log(float x) { return __logf(x); }
