@@ -171,6 +171,11 @@ def _ffma_support(cell: Cell, D: int) -> str | None:
 #: Block tier forward: steps of W x copied ahead into shared memory (kWxAhead), in a ring of
 #: one more slot (fused_mma.cuh.j2).
 MMA_WX_AHEAD = 3
+#: Block tier backward: steps of its inputs (saved states, R·h, W x, dy) copied ahead into
+#: dynamic shared memory (kInAhead), likewise.
+MMA_IN_AHEAD = 2
+#: Dynamic shared memory a block may take (sm_90: 227 KiB).
+_DYNAMIC_SMEM_BYTES = 227 * 1024
 
 
 def mma_forward_smem(cell: Cell, D: int) -> int:
@@ -180,6 +185,25 @@ def mma_forward_smem(cell: Cell, D: int) -> int:
     row = max(len(cell.gx_names), 1) * D * 2
     row += (144 - row % 128) % 128
     return h + ((MMA_WX_AHEAD + 1) * BATCH_CHUNK * row if cell.gx_names else 16)
+
+
+def _in_row(nbytes: int, mod: int) -> int:
+    """A row of one input in a ring slot: padded to ``mod`` bytes past a multiple of 128."""
+    return nbytes + (mod + 128 - nbytes % 128) % 128
+
+
+def mma_backward_smem(cell: Cell, D: int) -> tuple[int, int]:
+    """Block tier, tensor-core backward: bytes of static shared memory (dg double-buffered,
+    the biases and params) and of dynamic shared memory (the ring of step inputs: per slot
+    the saved states and R·h as float, W x and dy as 16-bit, 8 batch rows each)."""
+    gr, kp = max(len(cell.gr_names), 1), _k_tiles(D) * 16
+    static = 2 * BATCH_CHUNK * (gr * kp + 8) * 2
+    static += (max(len(cell.gb_names), 1) + max(len(cell.params), 1)) * kp * 4
+    slot = BATCH_CHUNK * (
+        (len(cell.state_names) + len(cell.gr_names)) * _in_row(D * 4, 32)
+        + (len(cell.gx_names) + len(cell.outputs)) * _in_row(D * 2, 16)
+    )
+    return static, (MMA_IN_AHEAD + 1) * (slot + 16)
 
 
 def _mma_support(cell: Cell, D: int) -> str | None:
@@ -198,6 +222,12 @@ def _mma_support(cell: Cell, D: int) -> str | None:
         return (
             f"head dim {D}: h and {MMA_WX_AHEAD + 1} steps of W x "
             f"({len(cell.gx_names)} gates) do not fit 48 KiB of shared memory"
+        )
+    static, ring = mma_backward_smem(cell, D)
+    if static > _SMEM_BYTES or static + ring > _DYNAMIC_SMEM_BYTES:
+        return (
+            f"head dim {D}: dg and {MMA_IN_AHEAD + 1} steps of the backward's inputs do not "
+            "fit 227 KiB of shared memory"
         )
     return None
 
@@ -365,6 +395,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
         D=D,
         BC=BATCH_CHUNK,
         wx_ahead=MMA_WX_AHEAD,
+        in_ahead=MMA_IN_AHEAD,
         **context,
         **cell_context(cell),
     )

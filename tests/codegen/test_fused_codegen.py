@@ -21,6 +21,7 @@ from rnncc.codegen.fused import (
     fused_tier,
     generate_fused,
     grid_warps,
+    mma_backward_smem,
     mma_forward_smem,
     mma_fragment_registers,
     mma_warps,
@@ -99,13 +100,28 @@ def test_support_limits_per_product():
         "head dim 64: h and 4 steps of W x (12 gates) do not fit 48 KiB of shared memory"
     )
 
+    # 33 states: three steps of the block backward's inputs (the saved states as float) overflow
+    # 227 KiB from head dim 48 on, though the forward's shared memory is small.
+    states = [f"s{k}" for k in range(32)]
+    (deep,), _ = rnncc.frontend.compile_source(
+        f"cell m(h, {', '.join(states)}) {{\n  gates r = R h\n"
+        + "".join(f"  {s} = {s} * r\n" for s in states)
+        + f"  h = tanh(r + {' + '.join(states)})\n}}\n"
+    )
+    assert mma_backward_smem(deep, 32) == (1536, 3 * (8 * (34 * 160 + 144) + 16))
+    assert fused_tier(deep, 32, "bfloat16") == "block"
+    assert fused_tier(deep, 48, "bfloat16") == "grid"
+    assert _mma_support(deep, 48) == (
+        "head dim 48: dg and 3 steps of the backward's inputs do not fit 227 KiB of shared memory"
+    )
+
 
 def test_each_product_is_generated_only_where_it_fits():
     elman = rnncc.load(ROOT / "examples" / "elman.rnn")
     both = generate_fused(elman.ir, elman.backward_ir, 64).text
     assert "fused_forward_ffma<float>" in both and "fused_forward_mma<__nv_bfloat16>" in both
     mma_only = generate_fused(elman.ir, elman.backward_ir, 128).text
-    assert "fused_forward_ffma" not in mma_only and "fused_backward_mma<__half>" in mma_only
+    assert "fused_forward_ffma" not in mma_only and "mma_backward<__half>" in mma_only
     assert "case RNNCC_F32" not in mma_only
 
 

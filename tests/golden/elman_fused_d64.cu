@@ -27,6 +27,7 @@
 #include "rnncc_abi.h"
 #include "rnncc_ops.cuh"
 #include "rnncc_mma.cuh"
+#include <atomic>
 
 namespace {
 
@@ -388,7 +389,8 @@ __device__ __forceinline__ float raw_float(const uint32_t (&w)[2], const int q) 
 
 // What the backward cell of one step reads from global memory for a lane's two elements
 // (batch row gb, units d0 and d0 + 1): W x and dy raw (get2_raw), converted where the cell
-// reads them (raw_float). Loaded by load_step_inputs, shared by both tiers.
+// reads them (raw_float). The grid tier loads them with load_step_inputs, the block tier
+// reads them from its shared-memory ring (fused_mma.cuh.j2).
 template <typename T>
 struct StepInputs {
   float s[kS][2];
@@ -464,7 +466,8 @@ struct SumOverTime {
 //
 // h (forward) and dg (backward) go through shared memory as the next product's operand,
 // double-buffered, so a step has one block barrier. The head dim is padded with zeros to
-// whole tiles. W x (and dy, the saved states, R·h) of step t ± 2 are loaded during step t.
+// whole tiles. The forward's W x (3 steps ahead) and the backward's inputs (2 steps ahead)
+// are copied into rings in shared memory by cp.async.
 // tanh, sigmoid, log, log σ and softplus take their fast forms (rnncc_ops.cuh), well inside
 // 16-bit resolution.
 constexpr int kWarps = (kD + 7) / 8;  // 8 units per warp
@@ -488,6 +491,22 @@ constexpr int kWxRow0 = (kGx > 0 ? kGx : 1) * kD * 2;
 // lanes read at once then fall in different banks.
 constexpr int kWxRow = kWxRow0 + (144 - kWxRow0 % 128) % 128;
 constexpr int kWxMine = (kBC * kGx * kWxPieces + kMmaThreads - 1) / kMmaThreads;  // copies per thread
+
+// The backward's inputs go the same way: step t's saved states and R·h (float), W x and dy
+// (16-bit) of the block's kBC batch rows, copied kInAhead steps ahead (the loop runs down from
+// the last step) into slot t % kInSlots of a ring in dynamic shared memory. Each input is
+// parts x kBC rows of kD units (a state, a gate, an output), a part's row padded to 32
+// (float) or 16 (16-bit) bytes past a multiple of 128, so that a warp's reads (8 rows, a lane
+// two adjacent units) fall in different banks.
+constexpr int kInAhead = 2;  // MMA_IN_AHEAD in rnncc/codegen/fused.py
+constexpr int kInSlots = kInAhead + 1;  // the slot written at step t was last read at step t + 1
+__host__ __device__ constexpr int in_row(int bytes, int mod) { return bytes + (mod + 128 - bytes % 128) % 128; }
+constexpr int kInS = in_row(kD * 4, 32), kInR = in_row(kD * 4, 32), kInX = in_row(kD * 2, 16), kInY = in_row(kD * 2, 16);
+constexpr int kInOffR = kS * kBC * kInS;  // a slot: states, then R·h, W x, dy
+constexpr int kInOffX = kInOffR + kGr * kBC * kInR;
+constexpr int kInOffY = kInOffX + kGx * kBC * kInX;
+constexpr int kInSlot = kInOffY + kO * kBC * kInY + 16;  // + 16: a masked lane's pair read past the last row
+constexpr size_t kBwSmem = (size_t)kInSlots * kInSlot;  // dynamic shared memory of fused_backward_mma
 static_assert(kWarps <= 16, "at most 16 warps (MMA_BLOCK_WARPS)");
 
 template <typename T>
@@ -673,6 +692,68 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   }
 }
 
+// The copies of one backward input (kParts parts x kBC rows of kLen bytes, kRow bytes apart in a
+// slot from kOff on) that this thread issues, piece j of row r of a part each, with their
+// addresses worked out once: a step adds its offset.
+template <int kParts, int kLen, int kRow, int kOff>
+struct InCopies {
+  static constexpr int kPieces = kLen / kWxChunk;
+  static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
+  const unsigned char* src[kMine > 0 ? kMine : 1];
+  unsigned dst[kMine > 0 ? kMine : 1];
+  bool ok[kMine > 0 ? kMine : 1], mine[kMine > 0 ? kMine : 1];
+  long long step;  // bytes between steps
+
+  // p: row 0 of part 0 at step 0; rows past `rows` are zero-filled.
+  template <typename E>
+  __device__ __forceinline__ void init(const E* p, long long rows, long long part_stride, long long row_stride,
+                                       long long step_stride, unsigned base) {
+    step = step_stride;
+#pragma unroll
+    for (int i = 0; i < kMine; ++i) {
+      const int c = threadIdx.x + i * kMmaThreads, part = c / (kBC * kPieces), r = c / kPieces % kBC, j = c % kPieces;
+      mine[i] = c < kParts * kBC * kPieces;
+      ok[i] = mine[i] && r < rows;
+      src[i] = reinterpret_cast<const unsigned char*>(p) + (ok[i] ? part * part_stride + r * row_stride : 0) + j * kWxChunk;
+      dst[i] = base + kOff + (part * kBC + r) * kRow + j * kWxChunk;
+    }
+  }
+
+  __device__ __forceinline__ void copy(const int t, const unsigned slot) const {
+#pragma unroll
+    for (int i = 0; i < kMine; ++i) {
+      if (!mine[i]) continue;
+      if constexpr (kWxChunk >= 4) {
+        rnncc::cp_async<kWxChunk>(dst[i] + slot, src[i] + t * step, ok[i]);
+      } else {  // an odd head dim: 2-byte pieces, loaded and stored
+        const unsigned short v = ok[i] ? *reinterpret_cast<const unsigned short*>(src[i] + t * step) : 0;
+        asm volatile("st.shared.u16 [%0], %1;" ::"r"(dst[i] + slot), "h"(v) : "memory");
+      }
+    }
+  }
+};
+
+// A lane's two adjacent units from a slot: floats, and 16-bit values raw as get2_raw returns them.
+__device__ __forceinline__ void in_get2(const float* p, float& lo, float& hi) {
+  if constexpr (kPaired) {
+    const float2 v = *reinterpret_cast<const float2*>(p);
+    lo = v.x;
+    hi = v.y;
+  } else {
+    lo = p[0];
+    hi = p[1];
+  }
+}
+__device__ __forceinline__ void in_get2_raw(const unsigned short* p, uint32_t (&w)[2]) {
+  if constexpr (kPaired) {
+    w[0] = *reinterpret_cast<const uint32_t*>(p);
+    w[1] = 0u;
+  } else {
+    w[0] = p[0];
+    w[1] = p[1];
+  }
+}
+
 // Backward: per step from the last, the generated backward cell on the lane's two elements
 // (batch row g, units 8w + 2c + q), the gate cotangents into shared memory, a block barrier,
 // then dh += dgᵀ·R on the tensor cores.
@@ -688,6 +769,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   // to R, the states' cotangents and the prefetched inputs.
   __shared__ float bsm[kGb > 0 ? kGb : 1][kKP];
   __shared__ float psm[kP > 0 ? kP : 1][kKP];
+  extern __shared__ __align__(16) unsigned char ism[];  // the ring of step inputs
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g8 = lane >> 2, c4 = lane & 3;
   const int n = blockIdx.x;
@@ -727,15 +809,56 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   }
   __syncthreads();
 
-  typedef StepInputs<T> Inputs;
-  auto load_inputs = [&](const int t, Inputs& in) {
-    if (t >= 0) load_step_inputs(a, t, n, gb, 8 * warp + 2 * c4, in);
+  // This thread's copies of the step inputs, and step t's into slot t % kInSlots (one group
+  // per call; empty before the first step). Rows past the batch are zero-filled.
+  const long long NHDb = (long long)a.NH * kD;
+  InCopies<kS, kD * 4, kInS, 0> cs;
+  InCopies<kGr, kD * 4, kInR, kInOffR> cr;
+  InCopies<kGx, kD * 2, kInX, kInOffX> cx;
+  InCopies<kO, kD * 2, kInY, kInOffY> cy;
+  {
+    const int b0 = blockIdx.y * kBC;
+    const long long B = a.B, TT = a.T;
+    const unsigned base = (unsigned)__cvta_generic_to_shared(ism);
+    cs.init(a.hist + (n * B + b0) * kD, B - b0, a.NH * B * kD * 4, kD * 4, kS * a.NH * B * kD * 4, base);
+    cr.init(a.rh + (n * B + b0) * kRows, B - b0, kD * 4, kRows * 4, a.NH * B * kRows * 4, base);
+    cx.init(static_cast<const T*>(a.Wx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2, base);
+    cy.init(static_cast<const T*>(a.dy) + b0 * TT * NHDb + n * kD, B - b0, B * TT * NHDb * 2, TT * NHDb * 2, NHDb * 2, base);
+  }
+  auto copy_inputs = [&](const int t) {
+    if (t >= 0) {
+      const unsigned slot = (unsigned)t % kInSlots * kInSlot;
+      cs.copy(t, slot);
+      cr.copy(t, slot);
+      cx.copy(t, slot);
+      cy.copy(t, slot);
+    }
+    rnncc::cp_async_commit();
   };
-  // No L2 prefetch here, unlike the forward: a backward step is long enough that loads two
-  // steps ahead outlast a DRAM load, and the prefetch's index arithmetic fell on a few warps
-  // that the others then waited for at the barrier (H200, T = 1024: 1.96 -> 1.63 ms at 12 x 64,
-  // 1.41 -> 1.08 ms at 48 x 16 without it; the forward is 27% slower without its prefetch).
-  auto step = [&](const int t, const Inputs& cur, Inputs& next) {
+  // Step t's inputs of the lane (batch row g8, units d0 and d0 + 1), from its slot; a lane
+  // past the head dim reads unit 0's (its results are never stored).
+  typedef StepInputs<T> Inputs;
+  auto read_inputs = [&](const int t, Inputs& in) {
+    const int d0 = 8 * warp + 2 * c4 < kD ? 8 * warp + 2 * c4 : 0;
+    const unsigned char* const slot = ism + (unsigned)t % kInSlots * kInSlot;
+#pragma unroll
+    for (int s = 0; s < kS; ++s) in_get2(reinterpret_cast<const float*>(slot + (s * kBC + g8) * kInS) + d0, in.s[s][0], in.s[s][1]);
+#pragma unroll
+    for (int k = 0; k < kGr; ++k)
+      in_get2(reinterpret_cast<const float*>(slot + kInOffR + (k * kBC + g8) * kInR) + d0, in.rh[k][0], in.rh[k][1]);
+#pragma unroll
+    for (int k = 0; k < kGx; ++k) in_get2_raw(reinterpret_cast<const unsigned short*>(slot + kInOffX + (k * kBC + g8) * kInX) + d0, in.wx[k]);
+#pragma unroll
+    for (int o = 0; o < kO; ++o) in_get2_raw(reinterpret_cast<const unsigned short*>(slot + kInOffY + (o * kBC + g8) * kInY) + d0, in.dy[o]);
+  };
+#pragma unroll
+  for (int i = 1; i <= kInAhead; ++i) copy_inputs(a.T - i);
+  rnncc::cp_async_wait<kInAhead - 1>();  // the last step's inputs
+  __syncthreads();
+  auto step = [&](const int t) {
+    copy_inputs(t - kInAhead);
+    Inputs cur;
+    read_inputs(t, cur);
     float nd[kS][2];
     struct {  // the step's results per element, stored below
       float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
@@ -780,12 +903,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       }
       sums.add(o.gb, o.p);
     }
-    // Two steps ahead, issued after the cell's last read of cur, never before it: issued first,
-    // they stalled those reads (ncu, H200, 12 x 64: the top long-scoreboard stall was the first
-    // read of a register loaded two steps earlier). My reading, not confirmed in the SASS: a
-    // warp's loads in flight share six scoreboards, so the read also waited for the loads just
-    // issued. (The forward's W x goes through shared memory by cp.async instead.)
-    load_inputs(t - 2, next);
+    rnncc::cp_async_wait<kInAhead - 1>();  // step t - 1's inputs (earlier steps' may be in flight)
     __syncthreads();
     float acc[kChains][4];
 #pragma unroll
@@ -814,17 +932,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     }
   };
 
-  Inputs ia, ib, ic;
-  load_inputs(a.T - 1, ia);
-  load_inputs(a.T - 2, ib);
-  int t = a.T - 1;
-  for (; t >= 2; t -= 3) {
-    step(t, ia, ic);
-    step(t - 1, ib, ia);
-    step(t - 2, ic, ib);
-  }
-  if (t >= 0) step(t, ia, ic);
-  if (t >= 1) step(t - 1, ib, ia);
+#pragma unroll 2
+  for (int t = a.T - 1; t >= 0; --t) step(t);
 
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
@@ -837,6 +946,25 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   }
   const int d0 = 8 * warp + 2 * c4;
   if (d0 < kD && gb < a.B) sums.store(a, n, gb, d0);
+}
+
+// Launches the block backward, its ring of step inputs in dynamic shared memory, once the
+// function's limit for it is raised on the device: static and dynamic shared memory together
+// may pass the default 48 KiB even where the ring alone does not (sLSTM, head dim 24: 53 KiB).
+// Raised once per device and kept; a device past the first 64 raises it every launch.
+template <typename T>
+int mma_backward(const rnncc_fused_bwd_args& a, const dim3 grid, cudaStream_t stream) {
+  static std::atomic<unsigned long long> raised{0};  // a bit per device
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0ull;
+  if (err == cudaSuccess && (raised.load() & bit) == 0) {
+    err = cudaFuncSetAttribute(fused_backward_mma<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBwSmem);
+    if (err == cudaSuccess) raised.fetch_or(bit);
+  }
+  if (err != cudaSuccess) return (int)err;
+  fused_backward_mma<T><<<grid, kMmaThreads, kBwSmem, stream>>>(a);
+  return (int)cudaGetLastError();
 }
 }  // namespace
 
@@ -863,8 +991,8 @@ extern "C" int rnncc_fused_backward(const rnncc_fused_bwd_args* a, cudaStream_t 
   const dim3 grid((unsigned)a->NH, (unsigned)((a->B + kBC - 1) / kBC));
   switch (a->dtype) {
     case RNNCC_F32: fused_backward_ffma<float><<<grid, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_F16: fused_backward_mma<__half><<<grid, kMmaThreads, 0, stream>>>(*a); break;
-    case RNNCC_BF16: fused_backward_mma<__nv_bfloat16><<<grid, kMmaThreads, 0, stream>>>(*a); break;
+    case RNNCC_F16: return mma_backward<__half>(*a, grid, stream);
+    case RNNCC_BF16: return mma_backward<__nv_bfloat16>(*a, grid, stream);
     default: return (int)cudaErrorNotSupported;
   }
   return (int)cudaGetLastError();
