@@ -97,9 +97,10 @@ MMA_LEAVES = LeafSpelling(
 )
 
 
-#: The tensor-core backward reads its per-step inputs from registers, prefetched two steps
-#: ahead, and collects its results in registers, stored after both elements of a lane are done
-#: (as pairs: the two are adjacent units).
+#: The tensor-core backward reads its per-step inputs from registers (``cur``: read from the
+#: shared-memory ring in the block tier, loaded a step ahead in the grid tier) and collects its
+#: results in registers, stored after both elements of a lane are done (as pairs: the two are
+#: adjacent units).
 MMA_BACKWARD = BackwardSpelling(
     leaves=LeafSpelling(
         state="cur.s[{k}][q]",
