@@ -13,7 +13,8 @@ after the library. Each real build appends a line to ``$RNNCC_CACHE_DIR/builds.l
 
 Builds run ``torch.utils.cpp_extension.load`` (ninja) in the cache directory, quiet unless
 ``RNNCC_VERBOSE``; a compiler failure raises ``BuildError`` naming the generated file and the
-first compiler errors.
+first compiler errors. Builds may run in several threads at once (the benchmark tools build
+variants in parallel): a build captures only its own thread's prints (``_captured_stdout``).
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ import io
 import json
 import os
 import re
+import sys
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from rnncc import __version__
 from rnncc.config import get_config
@@ -152,6 +156,44 @@ def build_library(
     return library
 
 
+class _ThreadStdout(io.TextIOBase):
+    """``sys.stdout`` while builds run: a capturing thread's writes go to its buffer, other
+    threads' to the stream it replaced. (``contextlib.redirect_stdout`` swaps the one global
+    stream: with builds in several threads, one thread's restore could leave another's buffer
+    in place, and everything printed after it was lost.)"""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.buffers: dict[int, io.StringIO] = {}
+
+    def write(self, text: str) -> int:
+        buffer = self.buffers.get(threading.get_ident())
+        return (buffer if buffer is not None else self.stream).write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+_stdout_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _captured_stdout(buffer: io.StringIO) -> Iterator[None]:
+    """This thread's prints into ``buffer`` for the block, other threads' untouched."""
+    with _stdout_lock:
+        if not isinstance(sys.stdout, _ThreadStdout):
+            sys.stdout = _ThreadStdout(sys.stdout)
+        proxy = sys.stdout
+        proxy.buffers[threading.get_ident()] = buffer
+    try:
+        yield
+    finally:
+        with _stdout_lock:
+            del proxy.buffers[threading.get_ident()]
+            if not proxy.buffers and sys.stdout is proxy:
+                sys.stdout = proxy.stream
+
+
 def _run_build(
     ext_name: str, sources: list[str], directory: Path, flags: list[str], cuda: bool
 ) -> None:
@@ -160,7 +202,7 @@ def _run_build(
     verbose = get_config().verbose
     captured = io.StringIO()
     try:
-        with contextlib.redirect_stdout(captured) if not verbose else contextlib.nullcontext():
+        with _captured_stdout(captured) if not verbose else contextlib.nullcontext():
             cpp_extension.load(
                 name=ext_name,
                 sources=sources,

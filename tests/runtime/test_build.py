@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 import time
 from pathlib import Path
@@ -92,3 +93,40 @@ def test_compiler_errors_raise_build_error_with_file_and_errors(tmp_path, monkey
     assert "broken.cu" in message
     assert "undeclared_name" in message and "error" in message
     assert not list(tmp_path.glob("broken-*/BUILT"))
+
+
+def test_builds_in_threads_capture_only_their_own_prints(tmp_path, monkeypatch, capsys):
+    # Each fake build prints an error line, waits until every build is inside its own, prints
+    # another: with one global redirect, a thread's restore left another's buffer installed,
+    # and the first thread's second line and everything printed later went astray.
+    barrier = threading.Barrier(4)
+
+    def fake_load(name, **kwargs):
+        print(f"{name}.cu(1): error: first")
+        barrier.wait(timeout=10)
+        print(f"{name}.cu(2): error: second")
+        raise RuntimeError("ninja failed")
+
+    monkeypatch.setattr("torch.utils.cpp_extension.load", fake_load)
+    errors: dict[int, str] = {}
+
+    def run(k: int) -> None:
+        with pytest.raises(BuildError) as info:
+            build._run_build(f"lib{k}", [f"lib{k}.cu"], tmp_path, [], cuda=True)
+        errors[k] = str(info.value)
+
+    stdout = sys.stdout
+    with override(cache_dir=tmp_path, verbose=False):
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    assert sys.stdout is stdout
+    print("after the builds")
+    assert capsys.readouterr().out == "after the builds\n"
+    for k in range(4):  # each error carries its own build's two lines and no other's
+        assert [ln for ln in errors[k].splitlines() if "error:" in ln] == [
+            f"lib{k}.cu(1): error: first",
+            f"lib{k}.cu(2): error: second",
+        ]
