@@ -6,19 +6,17 @@ LSTM at this size only, and compute wrong values (timing only).
 Usage (GPU machine): python benchmarks/ablate_block_forward.py
 """
 
-import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+import sys
+from pathlib import Path
 
 import torch
-from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ablation import build_all, inputs, kernel_us, patched_sources, variant_ops
 
 import rnncc
-from rnncc.runtime import stepwise as sw
-from rnncc.testing import random_inputs
 
 NH, D, B = 12, 64, 16
-cell = rnncc.load("examples/lstm.rnn")
-orig = sw.generate_fused
 WX = (
     "for (int k = 0; k < kGx; ++k) wxv[k][q] = w[(2 * c4 + q) * (kWxRow / 2) + k * kD];",
     "for (int k = 0; k < kGx; ++k) wxv[k][q] = 0x3c00u + k;",
@@ -31,7 +29,8 @@ L2 = (
 )
 L2_INIT = (
     "  auto step = [&](const int t) {",
-    """  rnncc::L2Stream<rnncc::l2_lines_per_thread(kBC * kGx, kD * 2, kMmaThreads)> wx_l2;
+    """  constexpr int kL2Ahead = 8;
+  rnncc::L2Stream<rnncc::l2_lines_per_thread(kBC * kGx, kD * 2, kMmaThreads)> wx_l2;
   wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD,
              (long long)a.T * kGx * NHD, a.B - b0 < kBC ? a.B - b0 : kBC, NHD, kGx, kD, threadIdx.x, kMmaThreads);
   auto step = [&](const int t) {""",
@@ -86,58 +85,24 @@ VARIANTS = {
 }
 
 
-def text_of(patches):
-    src = orig(cell.ir, cell.backward_ir, D)
-    text = src.text
-    for old, new in patches:
-        assert text.count(old) >= 1, old
-        i = text.index(
-            "fused_forward_mma(const rnncc_fused_args a)"
-        )  # patch the block-tier forward only
-        head, tail = text[:i], text[i:]
-        assert old in tail, old
-        text = head + tail.replace(old, new, 1)
-    return dataclasses.replace(src, text=text)
+def main() -> None:
+    cell = rnncc.load("examples/lstm.rnn")
+    sources = patched_sources(cell, D, "fused_forward_mma(const rnncc_fused_args a)", VARIANTS)
+    arch = build_all(cell, D, sources)
+    xs = inputs(cell, B, 1024, NH, D)
+    for name, src in sources.items():
+        ops = variant_ops(cell, D, arch, src)
+        times = {}
+        for mode in ("no_grad", "train"):
+            ins = [None if v is None else v.clone().requires_grad_(mode == "train") for v in xs]
+            with torch.set_grad_enabled(mode == "train"):
+                times[mode] = kernel_us(lambda ops=ops, ins=ins: ops(*ins), "fused_forward")
+        print(
+            f"{name:26s} fw kernel no_grad {times['no_grad']:7.1f} us "
+            f"({times['no_grad'] / 1024 * 1e3:5.0f} ns/step)  train {times['train']:7.1f} us",
+            flush=True,
+        )
 
 
-sources = {k: text_of(v) for k, v in VARIANTS.items()}
-arch = sw.arch_of(0)
-
-
-def build(name):
-    src = sources[name]
-    return sw.build_library(
-        f"rnncc_{cell.name}_fused_d{D}",
-        {src.filename: src.text},
-        arch=arch,
-        headers=sw._header_paths(),
-    )
-
-
-with ThreadPoolExecutor(16) as pool:
-    list(pool.map(build, VARIANTS))
-x = random_inputs(cell.ir, B, 1024, NH, D, seed=0)
-xs = [
-    None if x[k] is None else x[k].to("cuda", torch.bfloat16)
-    for k in ("Wx", "R", "b", "states", "params")
-]
-for name in VARIANTS:
-    sw.generate_fused = lambda c, b, d, _s=sources[name]: _s
-    ops = sw.FusedOps(cell.ir, cell.backward_ir, arch, D)
-    times = {}
-    for mode in ("no_grad", "train"):
-        ins = [None if v is None else v.clone().requires_grad_(mode == "train") for v in xs]
-        with torch.set_grad_enabled(mode == "train"):
-            for _ in range(3):
-                ops(*ins)
-            torch.cuda.synchronize()
-            with profile(activities=[ProfilerActivity.CUDA]) as prof:
-                for _ in range(5):
-                    ops(*ins)
-                torch.cuda.synchronize()
-        ev = [e for e in prof.key_averages() if "fused_forward" in e.key]
-        times[mode] = ev[0].device_time_total / ev[0].count
-    print(
-        f"{name:26s} fw kernel no_grad {times['no_grad']:7.1f} us ({times['no_grad'] / 1024 * 1e3:5.0f} ns/step)  train {times['train']:7.1f} us",
-        flush=True,
-    )
+if __name__ == "__main__":
+    main()
