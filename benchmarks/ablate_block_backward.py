@@ -17,13 +17,15 @@ import rnncc
 NH, D, B = 12, 64, 16
 # dh += dgᵀ·R on the tensor cores (with it go its loads of dg from shared memory).
 PRODUCT = ("        rnncc::mma16816<T>(acc[kt % kChains], ga, rb[kt][0], rb[kt][1]);\n", "")
-DWX = (
-    "        put2(dWx + k * NHD + d0, hi, rnncc::from_float<T>(o.wx[k][0]), "
-    "rnncc::from_float<T>(o.wx[k][1]));\n",
+# The step's dWx and dGr out of shared memory to global memory (OutCopies).
+DWX = ("    ox.copy(t, dws[t & 1]);\n", "")
+DGR = ("    og.copy(t, reinterpret_cast<const unsigned char*>(&dgs[t & 1][0][0]));\n", "")
+# The lanes' stores of the gate cotangents into shared memory (dGr and the product's operand).
+DG_SMEM = (
+    "        put2(&dgs[t & 1][b][k * kKP + d0], hi, rnncc::from_float<T>(o.gr[k][0]), "
+    "rnncc::from_float<T>(o.gr[k][1]));\n",
     "",
 )
-DGR = ("        put2(dGr + k * kD + d0, hi, lo_v, hi_v);\n", "")
-DG_SMEM = ("        put2(&dgs[t & 1][b][k * kKP + d0], hi, lo_v, hi_v);\n", "")
 # The step's input copies into the ring (the group is still closed, so the waits hold).
 COPIES = ("    copy_inputs(t - kInAhead);\n", "    rnncc::cp_async_commit();\n")
 WAIT = "    rnncc::cp_async_wait<kInAhead - 1>();  // step t - 1's inputs (earlier steps' may be in flight)\n"

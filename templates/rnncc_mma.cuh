@@ -107,6 +107,13 @@ namespace rnncc {
 // is read then). Completion is counted in groups per thread: commit closes a group, and
 // wait<N> returns once at most N of the thread's groups are still in flight; a barrier after
 // it makes the copies visible to the other threads.
+// An unsigned type of kBytes bytes (one access of that width).
+template <int kBytes> struct Bytes;
+template <> struct Bytes<2> { using type = unsigned short; };
+template <> struct Bytes<4> { using type = unsigned int; };
+template <> struct Bytes<8> { using type = uint2; };
+template <> struct Bytes<16> { using type = uint4; };
+
 template <int kBytes>
 __device__ __forceinline__ void cp_async(unsigned dst, const void* src, bool valid) {
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async copies 4, 8 or 16 bytes");

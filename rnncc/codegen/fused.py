@@ -179,13 +179,18 @@ MMA_IN_AHEAD = 2
 _DYNAMIC_SMEM_BYTES = 227 * 1024
 
 
+def _wx_row(cell: Cell, D: int) -> int:
+    """A batch row of a step's W x gates (or their cotangents) in shared memory, 16-bit,
+    padded to 16 bytes past a multiple of 128 (kWxRow)."""
+    row = max(len(cell.gx_names), 1) * D * 2
+    return row + (144 - row % 128) % 128
+
+
 def mma_forward_smem(cell: Cell, D: int) -> int:
     """Block tier, tensor-core forward: bytes of shared memory, h double-buffered and the
-    ring of W x slots (a slot: 8 batch rows, each padded to 16 bytes past a multiple of 128)."""
+    ring of W x slots (a slot: 8 batch rows of ``_wx_row`` bytes)."""
     h = 2 * BATCH_CHUNK * (_k_tiles(D) * 16 + 8) * 2
-    row = max(len(cell.gx_names), 1) * D * 2
-    row += (144 - row % 128) % 128
-    return h + ((MMA_WX_AHEAD + 1) * BATCH_CHUNK * row if cell.gx_names else 16)
+    return h + ((MMA_WX_AHEAD + 1) * BATCH_CHUNK * _wx_row(cell, D) if cell.gx_names else 16)
 
 
 def _in_row(nbytes: int, mod: int) -> int:
@@ -194,11 +199,13 @@ def _in_row(nbytes: int, mod: int) -> int:
 
 
 def mma_backward_smem(cell: Cell, D: int) -> tuple[int, int]:
-    """Block tier, tensor-core backward: bytes of static shared memory (dg double-buffered,
-    the biases and params) and of dynamic shared memory (the ring of step inputs: per slot
-    the saved states and R·h as float, W x and dy as 16-bit, 8 batch rows each)."""
+    """Block tier, tensor-core backward: bytes of static shared memory (dg and dWx
+    double-buffered, the biases and params) and of dynamic shared memory (the ring of step
+    inputs: per slot the saved states and R·h as float, W x and dy as 16-bit, 8 batch rows
+    each)."""
     gr, kp = max(len(cell.gr_names), 1), _k_tiles(D) * 16
     static = 2 * BATCH_CHUNK * (gr * kp + 8) * 2
+    static += 2 * BATCH_CHUNK * _wx_row(cell, D) if cell.gx_names else 2 * 16
     static += (max(len(cell.gb_names), 1) + max(len(cell.params), 1)) * kp * 4
     slot = BATCH_CHUNK * (
         (len(cell.state_names) + len(cell.gr_names)) * _in_row(D * 4, 32)
@@ -225,7 +232,13 @@ def _mma_support(cell: Cell, D: int) -> str | None:
             f"({len(cell.gx_names)} gates) do not fit 48 KiB of shared memory"
         )
     static, ring = mma_backward_smem(cell, D)
-    if static > _SMEM_BYTES or static + ring > _DYNAMIC_SMEM_BYTES:
+    if static > _SMEM_BYTES:
+        return (
+            f"head dim {D}: the backward's dg and dWx ({len(cell.gx_names)} gates), "
+            f"double-buffered, biases and params ({len(cell.params)}) do not fit 48 KiB of "
+            "shared memory"
+        )
+    if static + ring > _DYNAMIC_SMEM_BYTES:
         return (
             f"head dim {D}: dg and {MMA_IN_AHEAD + 1} steps of the backward's inputs do not "
             "fit 227 KiB of shared memory"

@@ -108,11 +108,27 @@ def test_support_limits_per_product():
         + "".join(f"  {s} = {s} * r\n" for s in states)
         + f"  h = tanh(r + {' + '.join(states)})\n}}\n"
     )
-    assert mma_backward_smem(deep, 32) == (1536, 3 * (8 * (34 * 160 + 144) + 16))
+    assert mma_backward_smem(deep, 32) == (1536 + 2 * 16, 3 * (8 * (34 * 160 + 144) + 16))
     assert fused_tier(deep, 32, "bfloat16") == "block"
     assert fused_tier(deep, 48, "bfloat16") == "grid"
     assert _mma_support(deep, 48) == (
         "head dim 48: dg and 3 steps of the backward's inputs do not fit 227 KiB of shared memory"
+    )
+
+    # Twelve W x gates and 96 params: the backward's static shared memory (dg and dWx
+    # double-buffered, 56 units padded to 64 per param) overflows 48 KiB, the forward's not.
+    params = [f"p{k}" for k in range(96)]
+    gates = [f"g{k}" for k in range(12)]
+    (wide_params,), _ = rnncc.frontend.compile_source(
+        f"cell m(h) {{\n  param {', '.join(params)}\n  gates {', '.join(gates)} = W x\n"
+        f"  gates r = R h\n  h = tanh(r + {' + '.join(gates + params)})\n}}\n"
+    )
+    assert mma_forward_smem(wide_params, 56) <= 48 * 1024
+    assert mma_backward_smem(wide_params, 56)[0] == 2 * 8 * 72 * 2 + 2 * 8 * 1424 + 97 * 64 * 4
+    assert fused_tier(wide_params, 48, "bfloat16") == "block"
+    assert _mma_support(wide_params, 56) == (
+        "head dim 56: the backward's dg and dWx (12 gates), double-buffered, biases and params "
+        "(96) do not fit 48 KiB of shared memory"
     )
 
 
