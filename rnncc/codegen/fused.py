@@ -21,7 +21,7 @@ everything else runs stepwise. The batch size stays a runtime value: the last ch
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from rnncc.codegen.stepwise import (
     BackwardSpelling,
@@ -135,6 +135,8 @@ class KernelLines:
     stores: list[str]
     backward: list[str]
     threads: int
+    #: Grid tier: the stores left for after the step's count (``_late_stores``).
+    late: list[str] = field(default_factory=list)
 
 
 def threads_for(cell: Cell, D: int) -> int:
@@ -340,13 +342,31 @@ def _stores(cell: Cell, y: str, h: str, hist: str = FFMA_HIST) -> list[str]:
     over ``{o}``), the states into the saved history ``hist`` (over ``{k}``), the recurrent
     state through ``h`` (a statement over ``{v}``: into shared memory, or published to the
     other blocks)."""
-    lines = [f"st[{k}][q] = new_{s};" for k, s in enumerate(cell.state_names)]
+    lines = _to_registers(cell)
     for o, s in enumerate(cell.outputs):
         lines.append(f"{y.format(o=o)} = rnncc::from_float<T>(new_{s});")
     for k, s in enumerate(cell.state_names):
         lines.append(f"if (a.hist) {hist.format(k=k)} = new_{s};")
     if cell.recurrent:
         lines.append(h.format(v=f"new_{cell.recurrent}"))
+    return lines
+
+
+def _to_registers(cell: Cell) -> list[str]:
+    """The step's new states into the lanes' state registers."""
+    return [f"st[{k}][q] = new_{s};" for k, s in enumerate(cell.state_names)]
+
+
+def _late_stores(cell: Cell, y: str, hist: str) -> list[str]:
+    """The grid forward's outputs and saved states, stored from the states' registers after
+    the step's h is published and counted: the count's release waits for every store the
+    warp issued before it, and these are needed only after the kernel."""
+    index = {s: k for k, s in enumerate(cell.state_names)}
+    lines = [
+        f"{y.format(o=o)} = rnncc::from_float<T>(st[{index[s]}][q]);"
+        for o, s in enumerate(cell.outputs)
+    ]
+    lines += [f"if (a.hist) {hist.format(k=k)} = st[{k}][q];" for k in range(len(index))]
     return lines
 
 
@@ -396,11 +416,13 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
             "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + xchg_at(gb, rnncc::frag_pos(d)), "
             "rnncc::from_float<T>({v}));"
         )
+        h = [publish.format(v=f"new_{cell.recurrent}")] if cell.recurrent else []
         context["grid"] = KernelLines(
             update=update_lines(cell, MMA_LEAVES),
-            stores=_stores(cell, MMA_Y, publish, MMA_HIST),
+            stores=_to_registers(cell) + h,
             backward=backward_lines(bwd, GRID_BACKWARD),
             threads=32 * fw_warps,
+            late=_late_stores(cell, MMA_Y, MMA_HIST),
         )
     text = render_template(
         "fused_block.cu.j2",
