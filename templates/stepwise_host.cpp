@@ -30,8 +30,9 @@ struct Dims {
   }
 };
 
-// The grid tier's exchange buffer (rnncc_abi.h), zeroed (the counters start at 0, and the
-// padding values, never written, must be finite), set in the launch arguments `a` (a
+// The grid tier's exchange buffer (rnncc_abi.h; the kernels find their part of it with
+// fused_grid.cuh.j2's Exchange), zeroed (the counters start at 0, and the padding values, never
+// written, must be finite), set in the launch arguments `a` (a
 // fused_args or fused_bwd_args); undefined, with a's fields null and 0, when the kernels take
 // none.
 template <typename Args>

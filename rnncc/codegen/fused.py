@@ -413,7 +413,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
             f"{fw_warps} / {bw_warps} product warps"
         )
         publish = (
-            "rnncc::xchg_put(X + ((t + 1) & 1) * xslot + xchg_at(gb, rnncc::frag_pos(d)), "
+            "rnncc::xchg_put(ex.slot(t + 1) + xchg_at(gb, rnncc::frag_pos(d)), "
             "rnncc::from_float<T>({v}));"
         )
         h = [publish.format(v=f"new_{cell.recurrent}")] if cell.recurrent else []
