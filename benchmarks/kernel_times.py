@@ -1,5 +1,6 @@
 """Kernel-only times of a cell's fused forward and backward kernels at several T (torch
-profiler, device time per call, bf16, five forward + backward calls after three warm-up calls).
+profiler, device time per call, bf16, five forward + backward calls after three warm-up calls;
+then the forward under no_grad, which saves nothing for the backward, five calls likewise).
 
 Unlike ``profile_fused.py``'s slope over CUDA events, these exclude the host's time between
 calls, which at small T is most of an event measurement and flattens the slope: on an H200 the
@@ -38,8 +39,17 @@ for T in [int(v) for v in (sys.argv[5] if len(sys.argv) > 5 else "1,16,256,1024"
     for e in prof.key_averages():
         if "fused_" in e.key:
             ev["fw" if "forward" in e.key else "bw"] = e.device_time_total / e.count
+    with torch.no_grad():  # the forward alone, saving nothing (the suite's fw)
+        for _ in range(3):
+            cell(*xs, backend="fused")
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(5):
+                cell(*xs, backend="fused")
+            torch.cuda.synchronize()
+    (fw0,) = [e.device_time_total / e.count for e in prof.key_averages() if "fused_" in e.key]
     print(
         f"{cellf} {NH}x{D} B={B} T={T:5d}  fw kernel {ev.get('fw', 0):9.1f} us"
-        f"  bw kernel {ev.get('bw', 0):9.1f} us",
+        f"  bw kernel {ev.get('bw', 0):9.1f} us  fw kernel (no grad) {fw0:9.1f} us",
         flush=True,
     )
