@@ -173,6 +173,21 @@ class _ThreadStdout(io.TextIOBase):
     def flush(self) -> None:
         self.stream.flush()
 
+    # The stream's own (TextIOBase declares them as plain attributes, read-only at runtime).
+    @property
+    def encoding(self) -> Any:  # type: ignore[override]
+        return self.stream.encoding
+
+    @property
+    def errors(self) -> Any:  # type: ignore[override]
+        return self.stream.errors
+
+    def fileno(self) -> int:
+        return int(self.stream.fileno())
+
+    def isatty(self) -> bool:
+        return bool(self.stream.isatty())
+
 
 _stdout_lock = threading.Lock()
 

@@ -869,12 +869,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   __syncthreads();
 
   // This thread's copies of the step inputs, and step t's into slot t % kInSlots (one group
-  // per call; empty before the first step). Rows past the batch are zero-filled.
+  // per call; empty before the first step; rows past the batch are zero-filled); and its
+  // copies of the step's dWx and dGr (from dws and dgs) out to global memory.
   const long long NHDb = (long long)a.NH * kD;
   InCopies<kS, kD * 4, kInS, 0> cs;
   InCopies<kGr, kD * 4, kInR, kInOffR> cr;
   InCopies<kGx, kD * 2, kInX, kInOffX> cx;
   InCopies<kO, kD * 2, kInY, kInOffY> cy;
+  OutCopies<kGx, kD * 2, kWxRow, kD * 2> ox;
+  OutCopies<kGr, kD * 2, kGStride * 2, kKP * 2> og;
   {
     const int b0 = blockIdx.y * kBC;
     const long long B = a.B, TT = a.T;
@@ -883,13 +886,6 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
     cr.init(a.rh + (n * B + b0) * kRows, B - b0, kD * 4, kRows * 4, a.NH * B * kRows * 4, base);
     cx.init(static_cast<const T*>(a.Wx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2, base);
     cy.init(static_cast<const T*>(a.dy) + b0 * TT * NHDb + n * kD, B - b0, B * TT * NHDb * 2, TT * NHDb * 2, NHDb * 2, base);
-  }
-  // This thread's copies of the step's dWx and dGr (from dws and dgs) out to global memory.
-  OutCopies<kGx, kD * 2, kWxRow, kD * 2> ox;
-  OutCopies<kGr, kD * 2, kGStride * 2, kKP * 2> og;
-  {
-    const int b0 = blockIdx.y * kBC;
-    const long long B = a.B, TT = a.T;
     ox.init(static_cast<T*>(a.dWx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2);
     og.init(static_cast<T*>(a.dGr) + (n * TT * B + b0) * kRows, B - b0, kD * 2, kRows * 2, B * kRows * 2);
   }
@@ -1028,7 +1024,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
 
 // Launches the block backward, its ring of step inputs in dynamic shared memory, once the
 // function's limit for it is raised on the device: static and dynamic shared memory together
-// may pass the default 48 KiB even where the ring alone does not (sLSTM, head dim 24: 53 KiB).
+// may pass the default 48 KiB even where the ring alone does not (sLSTM, head dim 24: 56 KiB).
 // Raised once per device and kept; a device past the first 64 raises it every launch.
 template <typename T>
 int mma_backward(const rnncc_fused_bwd_args& a, const dim3 grid, cudaStream_t stream) {
