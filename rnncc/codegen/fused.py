@@ -342,11 +342,7 @@ def _stores(cell: Cell, y: str, h: str, hist: str = FFMA_HIST) -> list[str]:
     over ``{o}``), the states into the saved history ``hist`` (over ``{k}``), the recurrent
     state through ``h`` (a statement over ``{v}``: into shared memory, or published to the
     other blocks)."""
-    lines = _to_registers(cell)
-    for o, s in enumerate(cell.outputs):
-        lines.append(f"{y.format(o=o)} = rnncc::from_float<T>(new_{s});")
-    for k, s in enumerate(cell.state_names):
-        lines.append(f"if (a.hist) {hist.format(k=k)} = new_{s};")
+    lines = _to_registers(cell) + _outputs(cell, y, hist, "new_{s}")
     if cell.recurrent:
         lines.append(h.format(v=f"new_{cell.recurrent}"))
     return lines
@@ -357,17 +353,25 @@ def _to_registers(cell: Cell) -> list[str]:
     return [f"st[{k}][q] = new_{s};" for k, s in enumerate(cell.state_names)]
 
 
+def _outputs(cell: Cell, y: str, hist: str, value: str) -> list[str]:
+    """The outputs into ``y`` and the states into the saved history ``hist`` (format strings
+    as ``_stores``'), each state's value spelled by ``value`` (over ``{k}`` and ``{s}``)."""
+    index = {s: k for k, s in enumerate(cell.state_names)}
+    lines = [
+        f"{y.format(o=o)} = rnncc::from_float<T>({value.format(k=index[s], s=s)});"
+        for o, s in enumerate(cell.outputs)
+    ]
+    lines += [
+        f"if (a.hist) {hist.format(k=k)} = {value.format(k=k, s=s)};" for s, k in index.items()
+    ]
+    return lines
+
+
 def _late_stores(cell: Cell, y: str, hist: str) -> list[str]:
     """The grid forward's outputs and saved states, stored from the states' registers after
     the step's h is published and counted: the count's release waits for every store the
     warp issued before it, and these are needed only after the kernel."""
-    index = {s: k for k, s in enumerate(cell.state_names)}
-    lines = [
-        f"{y.format(o=o)} = rnncc::from_float<T>(st[{index[s]}][q]);"
-        for o, s in enumerate(cell.outputs)
-    ]
-    lines += [f"if (a.hist) {hist.format(k=k)} = st[{k}][q];" for k in range(len(index))]
-    return lines
+    return _outputs(cell, y, hist, "st[{k}][q]")
 
 
 def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
