@@ -64,6 +64,7 @@ GRID_CASES = [
         ("janet", "fp16", 1, 200, 2, 17),
         ("lru", "bf16", 16, 1024, 1, 12),
         ("lstm", "bf16", 16, 768, 1, 40),
+        ("lstm", "bf16", 60, 768, 1, 9),  # 8 n tiles: the forward's two parts, one partly live
         ("mgu", "fp16", 70, 1024, 1, 6),
         ("mingru", "bf16", 9, 136, 3, 21),
         ("minlstm", "fp16", 64, 256, 1, 15),
