@@ -100,10 +100,10 @@ __global__ void __launch_bounds__(THREADS, 1)
   static_assert(UNITS % BLOCKS == 0 && UNITS % C == 0 && (kShare * 2) % 16 == 0, "shapes");
   const int u = blockIdx.x, lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   buf += blockIdx.y * 2 * ROWS * UNITS;  // independent groups (blockIdx.y): a slot and counters each
+  unsigned* const flags = cnt + 64;  // kFlags (one group only): [BLOCKS][kGroups], the step each warp published
   cnt += blockIdx.y * 16;
   progress += blockIdx.y * BLOCKS;
   const unsigned mb0 = (unsigned)__cvta_generic_to_shared(&mbar[0]);
-  unsigned* const flags = cnt + 64 - blockIdx.y * 16;  // kFlags: [BLOCKS][kGroups], the step each warp published
   const int rank = kClustered ? (int)cluster_rank() : 0;
   unsigned errs = 0;
   if ((MODE == kBulk || kClustered) && threadIdx.x == 0) {
