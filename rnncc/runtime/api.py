@@ -6,23 +6,27 @@ like a function of tensors (DESIGN.md §2)::
     y, last = cell(Wx, R, b, states=None, params=None, backend="auto")
 
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
-shape, dtype or device), fills defaults (declared initial states and params), picks a
-backend and records which one ran in ``last_backend``. Backends: ``"reference"`` (torch ops,
-any device), ``"stepwise"`` (CUDA: one matrix product and one generated pointwise kernel
-per step, built on first use), ``"fused"`` (the persistent forward and backward, one launch
-each per sequence: the block tier for heads that fit one SM, the grid tier for bf16/fp16
-heads of up to 1024 units; ``TilingError`` with the reason otherwise), ``"auto"`` (the
-reference on CPU; on CUDA the fused kernel where one runs the size, else the stepwise
-backend with a warning once per cell, so slowness is never silent).
+shape, dtype or device), fills defaults (declared initial states and params, made once per
+size and kept: the backends only read them), picks a backend and records which one ran in
+``last_backend``. Backends: ``"reference"`` (torch ops, any device), ``"stepwise"`` (CUDA:
+one matrix product and one generated pointwise kernel per step, built on first use),
+``"fused"`` (the persistent forward and backward, one launch each per sequence: the block
+tier for heads that fit one SM, the grid tier for bf16/fp16 heads of up to 1024 units;
+``TilingError`` with the reason otherwise), ``"auto"`` (the reference on CPU; on CUDA the
+fused kernel where one runs the size, else the stepwise backend with a warning once per
+cell, so slowness is never silent).
 """
 
 from __future__ import annotations
 
 import warnings
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from rnncc.autodiff import derive_backward
 from rnncc.dump import dump
@@ -31,13 +35,25 @@ from rnncc.frontend import compile_source, select_cell
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
-from rnncc.runtime.validate import validate
+from rnncc.runtime.validate import Sizes, validate
 
 if TYPE_CHECKING:  # the stepwise backend is imported on first use, in _stepwise_ops
     from rnncc.runtime.stepwise import FusedOps, StepwiseOps
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
 _CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DEFAULTS_KEPT = 8  # default states/params tensors a cell keeps (the most recently used)
+
+
+def _may_keep(on_cuda: bool) -> bool:
+    """Whether a call may use (and make) the kept default tensors: not while torch.compile or
+    export traces (a kept tensor would become a graph constant), nor under a torch dispatch
+    mode such as fake tensors or make_fx (one made there belongs to that mode), nor, on CUDA,
+    while the current stream captures a graph (one made there lives in the graph's private
+    pool; one kept from before could be dropped while the graph still reads it)."""
+    if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
+        return False
+    return not (on_cuda and torch.cuda.is_current_stream_capturing())
 
 
 class RnnccWarning(UserWarning):
@@ -59,10 +75,14 @@ class CompiledCell:
         dump(ir.name, "backward.rnn", print_backward(self.backward_ir))
         self.warnings = warnings_
         self.last_backend: str | None = None
-        self._warned: set[str] = set()
-        self._stepwise: dict[str, StepwiseOps] = {}
-        self._fused: dict[tuple[str, int], FusedOps] = {}
+        self._warned: set[Hashable] = set()
+        self._stepwise: dict[str, StepwiseOps] = {}  # by arch
+        self._fused: dict[tuple[str, int], FusedOps] = {}  # by (arch, head dim)
+        # The same ops by the device of a call, found without working out the arch again.
+        self._stepwise_at: dict[torch.device, StepwiseOps] = {}
+        self._fused_at: dict[tuple[torch.device, int], FusedOps] = {}
         self._support: dict[tuple[int, torch.dtype], str | None] = {}  # fused_support's answers
+        self._defaults: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
 
     # ---- description ---------------------------------------------------------------------
     @property
@@ -151,9 +171,9 @@ class CompiledCell:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         sizes = validate(self.ir, Wx, R, b, states, params)
         if states is None:
-            states = initial_states(self.ir, sizes.B, sizes.NH, sizes.D, Wx.dtype, Wx.device)
+            states = self._declared(sizes, Wx, states=True)
         if params is None and self.ir.params:
-            params = initial_params(self.ir, sizes.NH, sizes.D, Wx.dtype, Wx.device)
+            params = self._declared(sizes, Wx, states=False)
         chosen = self._choose(backend, Wx, sizes.D)
         self.last_backend = chosen
         if chosen == "fused":
@@ -162,18 +182,54 @@ class CompiledCell:
             return self._stepwise_ops(Wx.device)(Wx, R, b, states, params)
         return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
 
+    def _declared(self, sizes: Sizes, Wx: torch.Tensor, *, states: bool) -> torch.Tensor:
+        """The declared initial states (``states=True``) or params of a call at ``sizes``, with
+        the dtype and device of ``Wx``. Kept across calls (filling them costs a kernel launch
+        each, every call): the backends only read them and no caller sees them. Kept per CUDA
+        stream, so no call reads a tensor that another stream may still be filling; the
+        ``DEFAULTS_KEPT`` most recently used only, so a sweep over sizes holds no memory."""
+        B, _, NH, D = sizes
+        on_cuda, device = Wx.is_cuda, Wx.device
+        if not _may_keep(on_cuda):
+            return self._fill(sizes, Wx, states=states)
+        stream = torch.cuda.current_stream(device).stream_id if on_cuda else None
+        key = (B if states else 0, NH, D, Wx.dtype, device, stream, states)
+        kept = self._defaults
+        t = kept.pop(key, None)  # and put back last: the most recently used
+        if t is not None:
+            kept[key] = t
+            return t
+        # Made outside inference mode, so a later call that records autograd may save it.
+        with torch.inference_mode(False):
+            t = kept[key] = self._fill(sizes, Wx, states=states)
+        while len(kept) > DEFAULTS_KEPT:
+            try:
+                kept.popitem(last=False)
+            except KeyError:  # emptied by another thread
+                break
+        return t
+
+    def _fill(self, sizes: Sizes, Wx: torch.Tensor, *, states: bool) -> torch.Tensor:
+        if states:
+            return initial_states(self.ir, sizes.B, sizes.NH, sizes.D, Wx.dtype, Wx.device)
+        return initial_params(self.ir, sizes.NH, sizes.D, Wx.dtype, Wx.device)
+
     def fused_support(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
         """None when the fused kernel runs this cell at ``head_dim`` with storage ``dtype``;
         else why it does not. float32 runs an FFMA product (fp32-accurate), float16 and
         bfloat16 the tensor cores; their size limits differ."""
-        from rnncc.codegen.fused import fused_support
-
+        key = (head_dim, dtype)
+        try:  # asked on every call: the answer is computed once
+            return self._support[key]
+        except KeyError:
+            pass
         if dtype not in _CUDA_DTYPES:
             return f"{dtype} is not a storage dtype of the CUDA backends"
-        key = (head_dim, dtype)
-        if key not in self._support:  # asked on every call: the answer is computed once
-            self._support[key] = fused_support(self.ir, head_dim, str(dtype).removeprefix("torch."))
-        return self._support[key]
+        from rnncc.codegen.fused import fused_support
+
+        reason = fused_support(self.ir, head_dim, str(dtype).removeprefix("torch."))
+        self._support[key] = reason
+        return reason
 
     def prepare(self, device: torch.device | str = "cuda", head_dim: int | None = None) -> None:
         """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at the
@@ -191,31 +247,44 @@ class CompiledCell:
 
         return arch_of(device.index if device.index is not None else torch.cuda.current_device())
 
+    # The ops are also kept by device, but not for a device without an index ("the current
+    # device", which may change).
     def _stepwise_ops(self, device: torch.device) -> StepwiseOps:
-        from rnncc.runtime.stepwise import StepwiseOps
-
-        arch = self._arch(device)
-        ops = self._stepwise.get(arch)
+        ops = self._stepwise_at.get(device)
         if ops is None:
-            ops = self._stepwise[arch] = StepwiseOps(self.ir, self.backward_ir, arch)
+            from rnncc.runtime.stepwise import StepwiseOps
+
+            arch = self._arch(device)
+            ops = self._stepwise.get(arch)
+            if ops is None:
+                ops = self._stepwise[arch] = StepwiseOps(self.ir, self.backward_ir, arch)
+            if device.index is not None:
+                self._stepwise_at[device] = ops
         return ops
 
     def _fused_ops(self, device: torch.device, head_dim: int) -> FusedOps:
-        from rnncc.runtime.stepwise import FusedOps
-
-        key = (self._arch(device), head_dim)
-        ops = self._fused.get(key)
+        ops = self._fused_at.get((device, head_dim))
         if ops is None:
-            ops = self._fused[key] = FusedOps(self.ir, self.backward_ir, key[0], head_dim)
+            from rnncc.runtime.stepwise import FusedOps
+
+            key = (self._arch(device), head_dim)
+            ops = self._fused.get(key)
+            if ops is None:
+                ops = self._fused[key] = FusedOps(self.ir, self.backward_ir, key[0], head_dim)
+            if device.index is not None:
+                self._fused_at[(device, head_dim)] = ops
         return ops
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def _warn_once(self, key: Hashable, message: Callable[[], str]) -> None:
+        # ``message`` is built only to warn: the fallback it reports runs on every call.
         if key not in self._warned and not torch.compiler.is_compiling():
             self._warned.add(key)
-            warnings.warn(f"rnncc: cell '{self.name}': {message}", RnnccWarning, stacklevel=4)
+            warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
     def _choose(self, backend: str, Wx: torch.Tensor, head_dim: int) -> str:
-        on_cuda = Wx.device.type == "cuda"
+        if backend == "reference":
+            return backend
+        on_cuda = Wx.is_cuda
         if backend in ("stepwise", "fused"):
             if not on_cuda:
                 raise ValueError(
@@ -239,17 +308,21 @@ class CompiledCell:
             if Wx.dtype not in _CUDA_DTYPES:
                 self._warn_once(
                     "reference",
-                    f"{Wx.dtype} on {Wx.device} runs on the reference backend (a Python loop "
-                    "over time steps); the CUDA backends store float32, float16 or bfloat16",
+                    lambda: (
+                        f"{Wx.dtype} on {Wx.device} runs on the reference backend (a Python "
+                        "loop over time steps); the CUDA backends store float32, float16 or bfloat16"
+                    ),
                 )
                 return "reference"
             reason = self.fused_support(head_dim, Wx.dtype)
             if reason is None:
                 return "fused"
             self._warn_once(
-                f"stepwise-{head_dim}-{Wx.dtype}",
-                f"no fused kernel for head dim {head_dim} ({reason}); running the stepwise "
-                "backend (one matrix product and one kernel launch per step)",
+                ("stepwise", head_dim, Wx.dtype),
+                lambda: (
+                    f"no fused kernel for head dim {head_dim} ({reason}); running the "
+                    "stepwise backend (one matrix product and one kernel launch per step)"
+                ),
             )
             return "stepwise"
         return "reference"

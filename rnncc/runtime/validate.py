@@ -10,7 +10,7 @@ dtype, or device). The contract is DESIGN.md §2:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple, NoReturn
 
 import torch
 
@@ -19,8 +19,7 @@ from rnncc.ir.cell import Cell
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-@dataclass(frozen=True)
-class Sizes:
+class Sizes(NamedTuple):
     B: int
     T: int
     NH: int
@@ -35,7 +34,21 @@ def _given(t: object) -> str:
     return f"a tensor of shape {_shape(t)}" if isinstance(t, torch.Tensor) else type(t).__name__
 
 
-def _expect(name: str, t: object, shape: tuple[int, ...], legend: str, like: torch.Tensor) -> None:
+def _fits(t: object, shape: tuple[int, ...], like: torch.Tensor) -> bool:
+    """Whether ``t`` is a tensor of ``shape`` with the dtype and device of ``like``: the check
+    of every call, so no message is built here (``_reject`` builds it)."""
+    return (
+        isinstance(t, torch.Tensor)
+        and t.shape == shape
+        and t.dtype == like.dtype
+        and t.device == like.device
+    )
+
+
+def _reject(
+    name: str, t: object, shape: tuple[int, ...], legend: str, like: torch.Tensor
+) -> NoReturn:
+    """Raise the error of the first check of ``_fits`` that ``t`` fails."""
     want = "[" + ", ".join(str(s) for s in shape) + "]"
     if not isinstance(t, torch.Tensor):
         raise ValueError(
@@ -47,6 +60,7 @@ def _expect(name: str, t: object, shape: tuple[int, ...], legend: str, like: tor
         raise ValueError(f"{name} has dtype {t.dtype}, expected {like.dtype} like Wx")
     if t.device != like.device:
         raise ValueError(f"{name} is on {t.device}, expected {like.device} like Wx")
+    raise AssertionError(f"{name} was rejected but fits")  # _fits and _reject disagree
 
 
 def validate(
@@ -78,7 +92,8 @@ def validate(
                 f"cell '{cell.name}' has R terms (gates {', '.join(cell.gr_names)}): "
                 f"R of shape [Gr={gr}, NH={NH}, D={D}, D={D}] is required"
             )
-        _expect("R", R, (gr, NH, D, D), f"Gr={gr}, NH, D out, D in", Wx)
+        if not _fits(R, (gr, NH, D, D), Wx):
+            _reject("R", R, (gr, NH, D, D), f"Gr={gr}, NH, D out, D in", Wx)
     elif R is not None:
         raise ValueError(f"cell '{cell.name}' has no 'R h' term: pass R=None, not {_given(R)}")
     if gb:
@@ -87,11 +102,12 @@ def validate(
                 f"cell '{cell.name}' has bias terms (gates {', '.join(cell.gb_names)}): "
                 f"b of shape [Gb={gb}, NH={NH}, D={D}] is required"
             )
-        _expect("b", b, (gb, NH, D), f"Gb={gb}, NH, D", Wx)
+        if not _fits(b, (gb, NH, D), Wx):
+            _reject("b", b, (gb, NH, D), f"Gb={gb}, NH, D", Wx)
     elif b is not None:
         raise ValueError(f"cell '{cell.name}' has no 'b' term: pass b=None, not {_given(b)}")
-    if states is not None:
-        _expect(
+    if states is not None and not _fits(states, (ns, B, NH, D), Wx):
+        _reject(
             "states",
             states,
             (ns, B, NH, D),
@@ -103,11 +119,12 @@ def validate(
             raise ValueError(
                 f"cell '{cell.name}' has no params: pass params=None, not {_given(params)}"
             )
-        _expect(
-            "params",
-            params,
-            (npar, NH, D),
-            f"P={npar} params {', '.join(cell.param_names)}, NH, D",
-            Wx,
-        )
+        if not _fits(params, (npar, NH, D), Wx):
+            _reject(
+                "params",
+                params,
+                (npar, NH, D),
+                f"P={npar} params {', '.join(cell.param_names)}, NH, D",
+                Wx,
+            )
     return Sizes(B, T, NH, D)

@@ -236,6 +236,153 @@ def test_default_params_of_an_example() -> None:
     assert torch.equal(y, y2)
 
 
+def _record_defaults(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """The (states, params) that each later call hands the reference backend."""
+    import rnncc.runtime.api as api
+
+    seen: list[tuple[torch.Tensor, torch.Tensor | None]] = []
+    run = api.run_reference
+
+    def recording(cell, bwd, Wx, R, b, states, params):
+        seen.append((states, params))
+        return run(cell, bwd, Wx, R, b, states, params)
+
+    monkeypatch.setattr(api, "run_reference", recording)
+    return seen
+
+
+def test_default_states_and_params_are_kept_across_calls(monkeypatch) -> None:
+    # Filling them is a kernel launch each on CUDA, every call: they are made once per size.
+    with pytest.warns(rnncc.RnnccWarning):
+        cell = rnncc.loads(INIT_SRC)
+    seen = _record_defaults(monkeypatch)
+    Wx, R, b = random_inputs(cell)
+    y, last = cell(Wx, R, b)
+    y2, last2 = cell(Wx, R, b)
+    (s1, p1), (s2, p2) = seen
+    assert s1 is s2 and p1 is p2
+    assert torch.equal(y, y2) and torch.equal(last, last2)
+    # another size or dtype gets its own
+    cell(*random_inputs(cell, B=3))
+    cell(*random_inputs(cell, dtype=torch.float32))
+    assert seen[2][0] is not s1 and seen[2][1] is p1  # params do not depend on the batch
+    assert seen[3][0] is not s1 and seen[3][0].dtype == torch.float32
+    assert seen[3][1] is not p1
+
+
+def test_kept_defaults_equal_the_declared_initial_values() -> None:
+    with pytest.warns(rnncc.RnnccWarning):
+        cell = rnncc.loads(INIT_SRC)
+    Wx, R, b = random_inputs(cell)
+    for _ in range(2):  # made, then kept
+        y, last = cell(Wx, R, b)
+        states = cell.initial_states(2, 2, 3, dtype=torch.float64)
+        params = cell.initial_params(2, 3, dtype=torch.float64)
+        y2, last2 = cell(Wx, R, b, states=states, params=params)
+        assert torch.equal(y, y2) and torch.equal(last, last2)
+
+
+def test_initial_states_and_params_are_fresh_tensors_the_caller_may_change() -> None:
+    with pytest.warns(rnncc.RnnccWarning):
+        cell = rnncc.loads(INIT_SRC)
+    Wx, R, b = random_inputs(cell)
+    y, last = cell(Wx, R, b)
+    for make in (
+        lambda: cell.initial_states(2, 2, 3, dtype=torch.float64),
+        lambda: cell.initial_params(2, 3, dtype=torch.float64),
+    ):
+        t1, t2 = make(), make()
+        assert t1 is not t2 and t1.data_ptr() != t2.data_ptr()
+        t1.fill_(7.0)
+    y2, last2 = cell(Wx, R, b)
+    assert torch.equal(y, y2) and torch.equal(last, last2)
+
+
+def test_the_kept_states_are_never_returned() -> None:
+    cell = lstm()
+    Wx, R, b = random_inputs(cell, T=0)  # the last states are the initial ones
+    _, last = cell(Wx, R, b)
+    last.fill_(5.0)
+    _, last = cell(Wx, R, b)
+    assert torch.equal(last, torch.zeros(2, 2, 2, 3, dtype=torch.float64))
+
+
+def test_kept_defaults_are_bounded_and_the_most_recent_stay(monkeypatch) -> None:
+    from rnncc.runtime.api import DEFAULTS_KEPT
+
+    cell = lstm()
+    seen = _record_defaults(monkeypatch)
+    sizes = range(1, 2 * DEFAULTS_KEPT + 1)
+    for B in sizes:
+        cell(*random_inputs(cell, B=B, T=1))
+        assert len(cell._defaults) == min(B, DEFAULTS_KEPT)
+    first = {B: s for B, (s, _) in zip(sizes, seen, strict=True)}
+    seen.clear()
+    oldest_kept = sizes[-DEFAULTS_KEPT]
+    cell(*random_inputs(cell, B=oldest_kept, T=1))  # kept; now the most recently used
+    cell(*random_inputs(cell, B=sizes[0], T=1))  # dropped: made again, dropping another
+    cell(*random_inputs(cell, B=oldest_kept, T=1))  # still kept
+    assert seen[0][0] is first[oldest_kept]
+    assert seen[1][0] is not first[sizes[0]]
+    assert seen[2][0] is first[oldest_kept]
+    assert len(cell._defaults) == DEFAULTS_KEPT
+
+
+@pytest.mark.parametrize("how", ["compiling", "dispatch mode"])
+def test_defaults_are_neither_kept_nor_used_while_tracing(monkeypatch, how: str) -> None:
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Passthrough(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    cell = lstm()
+    seen = _record_defaults(monkeypatch)
+    Wx, R, b = random_inputs(cell)
+    y, _ = cell(Wx, R, b)
+    kept = dict(cell._defaults)
+    if how == "compiling":
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        y2, _ = cell(Wx, R, b)
+        y3, _ = cell(Wx, R, b)
+    else:
+        with Passthrough():
+            y2, _ = cell(Wx, R, b)
+            y3, _ = cell(Wx, R, b)
+    assert dict(cell._defaults) == kept
+    states = [s for s, _ in seen]
+    assert states[1] is not states[0] and states[2] is not states[1]
+    assert torch.equal(y2, y) and torch.equal(y3, y)
+
+
+def test_defaults_are_not_kept_while_a_cuda_stream_captures(monkeypatch) -> None:
+    from rnncc.runtime.api import _may_keep
+
+    def no_cuda_here() -> bool:
+        raise AssertionError("asked about CUDA graph capture for a CPU tensor")
+
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", no_cuda_here)
+    assert _may_keep(on_cuda=False)  # a CPU call never touches CUDA
+    for capturing in (True, False):
+        monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda c=capturing: c)
+        assert _may_keep(on_cuda=True) is not capturing
+
+
+def test_defaults_kept_in_inference_mode_serve_a_later_backward() -> None:
+    # A tensor made in inference mode could not be saved for a later call's backward.
+    cell = rnncc.load(EXAMPLES / "indrnn.rnn")  # param u = 0.5: saved for backward
+    Wx, R, b = random_inputs(cell)
+    with torch.inference_mode():
+        cell(Wx, R, b)
+    grads = []
+    for params in (None, cell.initial_params(2, 3, dtype=torch.float64)):
+        x = Wx.clone().requires_grad_()
+        y, last = cell(x, R, b, params=params)
+        (y.sum() + last.sum()).backward()
+        grads.append(x.grad)
+    assert torch.equal(*grads)
+
+
 # ---- backends ----------------------------------------------------------------------------
 
 
@@ -264,8 +411,8 @@ def test_cuda_backends_need_cuda_tensors(backend: str) -> None:
 
 
 def _cuda_like(dtype: torch.dtype = torch.bfloat16) -> Any:
-    """Stands in for a CUDA tensor where only its device and dtype are read."""
-    return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype)
+    """Stands in for a CUDA tensor where only its device, dtype and ``is_cuda`` are read."""
+    return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, is_cuda=True)
 
 
 def test_fused_support_is_worked_out_once_per_size_and_dtype(monkeypatch) -> None:

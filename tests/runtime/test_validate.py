@@ -226,3 +226,29 @@ def test_device_mismatch() -> None:
         "states is on meta, expected cpu like Wx",
         states=torch.empty(2, B, NH, D, device="meta"),
     )
+
+
+# ---- the check of every call and its messages --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "fits"),
+    [
+        (torch.randn(4, NH, D), True),
+        (torch.randn(4, NH, D, 2)[..., 0], True),  # a strided view: contiguity is not checked
+        (torch.randn(4, NH, D + 1), False),
+        (torch.randn(4, NH, D, dtype=torch.float64), False),
+        (torch.empty(4, NH, D, device="meta"), False),
+        ([1.0], False),
+    ],
+    ids=["fits", "view", "shape", "dtype", "device", "list"],
+)
+def test_the_quiet_check_and_the_messages_agree(given: object, fits: bool) -> None:
+    # A call checks with _fits, which builds no message; _reject builds it, and raises a
+    # ValueError exactly when _fits is false.
+    from rnncc.runtime.validate import _fits, _reject
+
+    like = torch.randn(1)
+    assert _fits(given, (4, NH, D), like) is fits
+    with pytest.raises(AssertionError if fits else ValueError):
+        _reject("b", given, (4, NH, D), "Gb=4, NH, D", like)
