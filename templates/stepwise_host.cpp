@@ -212,8 +212,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
 // What a failed fused launch most likely means, for the error message.
 std::string fused_hint(int err, int64_t D) {
   if (err != cudaErrorNotSupported) return "";
-  return " (the grid tier needs one block per 8 of the head's " + std::to_string(D) +
-         " units resident at once; this GPU has too few SMs: use backend='stepwise')";
+  return " (the grid tier needs a head's blocks, one per 16 or 8 of its " + std::to_string(D) +
+         " units, resident at once; this GPU has too few SMs: use backend='stepwise')";
 }
 
 // A contiguous tensor whose data starts 16-byte aligned (the fused kernels read adjacent

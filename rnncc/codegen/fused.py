@@ -46,8 +46,8 @@ MMA_FRAGMENT_REGISTERS = 32
 #: a thread's 64 registers no longer hold the cell without spills.
 MMA_BLOCK_WARPS = 16
 _SMEM_BYTES = 48 * 1024
-#: The grid tier runs one block per 8 units of a head, all resident at once: 128 blocks fit
-#: the 132 SMs of an H100 or H200.
+#: The grid tier runs one block per 8 (or 16) units of a head, all resident at once: 128 blocks
+#: fit the 132 SMs of an H100 or H200.
 MAX_GRID_HEAD_DIM = 1024
 #: Dynamic shared memory a grid-tier block may take (sm_90: 227 KiB).
 _GRID_SMEM_BYTES = 227 * 1024
@@ -120,10 +120,10 @@ MMA_BACKWARD = BackwardSpelling(
 
 
 #: The grid tier's backward: as the block tier's, but the biases and params in shared memory
-#: hold only the block's 8 units.
+#: hold only the block's units (from ``d_blk``).
 GRID_BACKWARD = replace(
     MMA_BACKWARD,
-    leaves=replace(MMA_BACKWARD.leaves, bias="bsm[{k}][d & 7]", param="psm[{k}][d & 7]"),
+    leaves=replace(MMA_BACKWARD.leaves, bias="bsm[{k}][d - d_blk]", param="psm[{k}][d - d_blk]"),
 )
 
 
@@ -137,6 +137,8 @@ class KernelLines:
     threads: int
     #: Grid tier: the stores left for after the step's count (``_late_stores``).
     late: list[str] = field(default_factory=list)
+    #: Grid tier: whether the wide blocks (16 units) are built besides the narrow ones (``grid_wide``).
+    wide: bool = False
 
 
 def threads_for(cell: Cell, D: int) -> int:
@@ -260,11 +262,30 @@ def _gate_pairs(cell: Cell) -> int:
 def grid_warps(cell: Cell, D: int) -> tuple[int, int]:
     """Grid tier: the warps over which a block splits the k of R·h (16 / gate pairs k tiles
     each, so that R's fragments take at most 64 registers) and of dgᵀ·R (24 gate-row k tiles
-    each while that takes at most 8 warps, else 32); at least one (fused_grid.cuh.j2)."""
+    each while that takes at most 8 warps, else 32); at least one (fused_grid.cuh.j2). These are
+    the narrow blocks' (8 units), which run every supported size; the wide blocks' (16 units)
+    are built in addition where they fit (``kWide`` there)."""
     gr = max(len(cell.gr_names), 1)
     fw_kt = max(1, 16 // _gate_pairs(cell))
     bw = -(-(gr * _k_tiles(D)) // 24)
     return -(-_k_tiles(D) // fw_kt), bw if bw <= 8 else -(-(gr * _k_tiles(D)) // 32)
+
+
+#: The grid tier's wide blocks (16 units each) are built for cells with at most this many
+#: states plus params, at head dims up to ``WIDE_MAX_HEAD_DIM``: a wide block has 384 threads,
+#: so 168 registers each, of which R's fragments take 64. ptxas spilled in the wide kernels of
+#: the sLSTM (4 states) and the peephole LSTM (2 states, 3 params) at 768 units, and of the MGU
+#: at 1024; none of the other examples' at 256 and 768.
+WIDE_MAX_STATE_WORDS = 2
+WIDE_MAX_HEAD_DIM = 768
+
+
+def grid_wide(cell: Cell, D: int) -> bool:
+    """Whether the grid tier builds wide blocks (16 units, half the exchange bytes per block
+    and step) besides the narrow ones for ``cell`` at head dim ``D``; see
+    ``WIDE_MAX_STATE_WORDS``. The kernels also need the wide products to fit 12 warps
+    (``kWide`` in fused_grid.cuh.j2)."""
+    return len(cell.states) + len(cell.params) <= WIDE_MAX_STATE_WORDS and D <= WIDE_MAX_HEAD_DIM
 
 
 def exchange_words(cell: Cell, D: int) -> int:
@@ -413,8 +434,9 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
     if grid:
         fw_warps, bw_warps = grid_warps(cell, D)
         plan.append(
-            f"bf16/fp16: mma.sync grid tier, {-(-D // 8)} blocks per head and batch chunk, "
-            f"{fw_warps} / {bw_warps} product warps"
+            f"bf16/fp16: mma.sync grid tier, {-(-D // 8)} narrow"
+            + (f" or {-(-D // 16)} wide" if grid_wide(cell, D) else "")
+            + f" blocks per head and batch chunk, {fw_warps} / {bw_warps} product warps (narrow)"
         )
         publish = (
             "rnncc::xchg_put(ex.slot(t + 1) + xchg_at(gb, rnncc::frag_pos(d)), "
@@ -427,6 +449,7 @@ def generate_fused(cell: Cell, bwd: BackwardCell, D: int) -> GeneratedSource:
             backward=backward_lines(bwd, GRID_BACKWARD),
             threads=32 * fw_warps,
             late=_late_stores(cell, MMA_Y, MMA_HIST),
+            wide=grid_wide(cell, D),
         )
     text = render_template(
         "fused_block.cu.j2",

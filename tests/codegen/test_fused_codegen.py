@@ -21,6 +21,7 @@ from rnncc.codegen.fused import (
     fused_tier,
     generate_fused,
     grid_warps,
+    grid_wide,
     mma_backward_smem,
     mma_forward_smem,
     mma_fragment_registers,
@@ -141,6 +142,24 @@ def test_each_product_is_generated_only_where_it_fits():
     assert "case RNNCC_F32" not in mma_only
 
 
+def test_wide_grid_blocks_only_for_the_cells_and_sizes_that_fit_them():
+    """The wide blocks' kernels are built (kWide true) only where grid_wide allows them: few
+    states plus params and heads up to 768 units; else the source says false."""
+    lstm, slstm, peephole = (
+        rnncc.load(ROOT / "examples" / f"{n}.rnn") for n in ("lstm", "slstm", "peephole_lstm")
+    )
+
+    def wide(cell, D):
+        text = generate_fused(cell.ir, cell.backward_ir, D).text
+        (flag,) = re.findall(r"constexpr bool kWide = (true|false) &&", text)
+        return flag == "true"
+
+    assert grid_wide(lstm.ir, 768) and wide(lstm, 768)
+    assert not wide(lstm, 1024)  # past WIDE_MAX_HEAD_DIM
+    assert not grid_wide(slstm.ir, 768) and not wide(slstm, 768)  # 4 states
+    assert not wide(peephole, 768)  # 2 states and 3 params
+
+
 def test_batch_and_sequence_are_not_compiled_in():
     gru = rnncc.load(ROOT / "examples" / "gru.rnn")
     text = generate_fused(gru.ir, gru.backward_ir, 24).text
@@ -158,10 +177,13 @@ def test_nvcc_compiles_every_example_without_spills(tmp_path):
     sources = [generate_fused(c.ir, c.backward_ir, D) for c in cells for D in (24, 64)]
     elman = next(c for c in cells if c.name == "elman")
     sources.append(generate_fused(elman.ir, elman.backward_ir, 128))  # tensor-core kernels only
-    # The grid tier: every example at 256 units, and the 4-gate cells at 768. (At 1024 units
-    # the backward of the 4-gate cells spills: not yet in this test.)
+    # The grid tier: every example at 256 units, and at 768 the 4-gate cells and the GRU (with
+    # the LSTM, the wide blocks at 12 product warps). (At 1024 units the backward of the 4-gate
+    # cells spills: not yet in this test.)
     sources += [generate_fused(c.ir, c.backward_ir, 256) for c in cells]
-    sources += [generate_fused(c.ir, c.backward_ir, 768) for c in cells if c.name in FOUR_GATES]
+    sources += [
+        generate_fused(c.ir, c.backward_ir, 768) for c in cells if c.name in (*FOUR_GATES, "gru")
+    ]
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
         reports = list(pool.map(lambda s: _compile(nvcc, s, tmp_path), sources))
     for src, report in zip(sources, reports, strict=True):
