@@ -10,7 +10,8 @@ params stay on chip for the whole sequence. Two tiers and two products:
   accumulators), R as mma fragments in registers, one warp per 8 units, the cell run on the
   accumulators (``fused_mma.cuh.j2``);
 - grid tier (bf16 / fp16, heads too large for one SM, ``D <= MAX_GRID_HEAD_DIM``): a head's
-  8-unit slices on separate blocks of one cooperative launch, R's k split over a block's
+  8-unit slices (or 16-unit ones, wide blocks: ``grid_wide``) on separate blocks of one
+  cooperative launch, R's k split over a block's
   warps, h (forward) and dg (backward) exchanged through global memory as 16-bit values
   behind a counter per batch chunk, each block waiting only for the values it reads
   (``fused_grid.cuh.j2``).
