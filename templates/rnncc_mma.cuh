@@ -256,4 +256,39 @@ __device__ __forceinline__ void load_fragments(const unsigned short* row, int kt
   }
 }
 
+// a += b, component-wise.
+__device__ __forceinline__ void add_to(float4& a, const float4& b) {
+  a.x += b.x;
+  a.y += b.y;
+  a.z += b.z;
+  a.w += b.w;
+}
+__device__ __forceinline__ void add_to(float2& a, const float2& b) {
+  a.x += b.x;
+  a.y += b.y;
+}
+
+// The sum of kN parts (float2 or float4) at p[0], p[stride], ... (a cell lane's slice of several
+// warps' partial products in shared memory), loaded kChunk at a time, all of a chunk in flight,
+// and added as a tree. A running sum over the parts, one load after the other, made the grid
+// forward's step wait on 6 (narrow blocks) or 12 (wide) dependent shared-memory round trips: the
+// 1 x 768 LSTM's forward kernel took 2.49-2.56 ms where with this it takes 2.16-2.20 (H100,
+// B = 16, narrow blocks, A/B in one run; benchmarks/results/grid-forward-h100-2026-11-24.txt).
+template <int kN, int kChunk, typename V>
+__device__ __forceinline__ V sum_parts(const V* p, const int stride) {
+  V s = {};
+#pragma unroll
+  for (int w0 = 0; w0 < kN; w0 += kChunk) {
+    V v[kChunk];
+#pragma unroll
+    for (int w = 0; w < kChunk; ++w) v[w] = w0 + w < kN ? p[(w0 + w) * stride] : V{};
+#pragma unroll
+    for (int h = 1; h < kChunk; h *= 2)
+#pragma unroll
+      for (int w = 0; w + h < kChunk; w += 2 * h) add_to(v[w], v[w + h]);
+    add_to(s, v[0]);
+  }
+  return s;
+}
+
 }  // namespace rnncc
