@@ -9,6 +9,7 @@
 // loop only enqueues work on the current stream, so it can be captured in a CUDA graph.
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAStream.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <torch/library.h>
 
@@ -31,14 +32,16 @@ struct Dims {
 };
 
 // The grid tier's exchange buffer (rnncc_abi.h; the kernels find their part of it with
-// fused_grid.cuh.j2's Exchange), zeroed (the counters start at 0, and the padding values, never
-// written, must be finite), set in the launch arguments `a` (a
-// fused_args or fused_bwd_args); undefined, with a's fields null and 0, when the kernels take
-// none.
+// fused_grid.cuh.j2's Exchange), zeroed on `stream` (the counters start at 0, and the padding
+// values, never written, must be finite) by a memset rather than a fill kernel, whose launch
+// costs the call more host time; set in the launch arguments `a` (a fused_args or
+// fused_bwd_args); undefined, with a's fields null and 0, when the kernels take none.
 template <typename Args>
-at::Tensor attach_exchange(Args& a, const Dims& k, int64_t NH, int64_t B, const at::Tensor& like) {
+at::Tensor attach_exchange(Args& a, const Dims& k, int64_t NH, int64_t B, const at::Tensor& like,
+                           cudaStream_t stream) {
   const int64_t B8 = (B + 7) / 8 * 8, values = NH * B8 * k.X, counters = NH * (B8 / 8);  // 2 x values 16-bit = values words
-  at::Tensor xchg = k.X ? at::zeros({values + counters}, like.options().dtype(at::kInt)) : at::Tensor();
+  at::Tensor xchg = k.X ? at::empty({values + counters}, like.options().dtype(at::kInt)) : at::Tensor();
+  if (k.X) C10_CUDA_CHECK(cudaMemsetAsync(xchg.data_ptr(), 0, xchg.nbytes(), stream));
   a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
   a.xchg_words = static_cast<int>(k.X);
   return xchg;
@@ -254,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
-  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx);  // alive until the launch is queued
+  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
@@ -293,7 +296,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? mptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
-  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx);  // alive until the launch is queued
+  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
