@@ -267,8 +267,9 @@ __device__ __forceinline__ void add_to(float2& a, const float2& b) {
   a.x += b.x;
   a.y += b.y;
 }
+__device__ __forceinline__ void add_to(float& a, const float& b) { a += b; }
 
-// The sum of kN parts (float2 or float4) at p[0], p[stride], ... (a cell lane's slice of several
+// The sum of kN parts (float, float2 or float4) at p[0], p[stride], ... (a cell lane's slice of several
 // warps' partial products in shared memory), loaded kChunk at a time, all of a chunk in flight,
 // and added as a tree. A running sum over the parts, one load after the other, made the grid
 // forward's step wait on 6 (narrow blocks) or 12 (wide) dependent shared-memory round trips: the
