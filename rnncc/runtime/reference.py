@@ -7,6 +7,10 @@ path ``Rᵀ·dg`` added to the recurrent state's cotangent, ``dR = Σ_t dgᵀ h[
 ``db = Σ_{t,B} dg`` and the params' cotangents reduced over batch and time. So every later
 backend is checked against the backward IR, not against torch autograd.
 
+Double backward: under ``create_graph=True`` the backward recomputes the forward from the
+saved inputs with autograd on and runs the backward cell on that graph, so its results are
+differentiable (second-order gradients, gradient penalties) in terms of the inputs.
+
 Precision: float64 inputs compute in float64; float32, float16 and bfloat16 inputs compute
 in float32 (like the kernels) and round results to the storage dtype.
 """
@@ -159,18 +163,22 @@ class ReferenceFunction(torch.autograd.Function):
         y, last, history, _ = _run_forward(cell, Wx, R, b, states, params)
         ctx.cell, ctx.bwd = cell, bwd
         ctx.history = history
-        ctx.save_for_backward(Wx, R, b, params)
+        ctx.save_for_backward(Wx, R, b, states, params)
         ctx.states_dtype = states.dtype
         return y.to(Wx.dtype), last.to(Wx.dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
     def backward(
         ctx: Any, dy: torch.Tensor | None, dlast: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
         cell: Cell = ctx.cell
         bwd: BackwardCell = ctx.bwd
-        Wx, R, b, params = ctx.saved_tensors
+        Wx, R, b, states, params = ctx.saved_tensors
+        history: list[list[torch.Tensor]] = ctx.history
+        if torch.is_grad_enabled():
+            # create_graph=True: the forward's history was computed without autograd; redo it
+            # on the saved inputs so that the backward below is differentiable in them.
+            _, _, history, _ = _run_forward(cell, Wx, R, b, states, params)
         cdtype = compute_dtype(Wx.dtype)
         step = _Step(
             cell, _to(Wx, cdtype), _to(R, cdtype), _to(b, cdtype), _to(params, cdtype), cdtype
@@ -193,7 +201,7 @@ class ReferenceFunction(torch.autograd.Function):
         roots = list(bwd.roots)
         ns, ng = len(bwd.d_states), len(bwd.d_gates)
         for t in reversed(range(T)):
-            old = ctx.history[t]
+            old = history[t]
             leaves = step.leaves(t, old)
             leaves.update((("dstate", s), ds[k]) for k, s in enumerate(cell.state_names))
             for k, s in enumerate(cell.outputs):

@@ -180,6 +180,37 @@ class FusedOps(_CellOps):
             self.forward_op = _define_ops(name, fwd, bwd_fn, dims, "fused")
 
 
+class _SecondOrderError(torch.autograd.Function):
+    """Passes gradients through unchanged; differentiating them raises. The kernels' backward
+    is not itself differentiable, and without this a second differentiation would silently
+    leave out every term through it."""
+
+    @staticmethod
+    def forward(ctx: Any, backend: str, anchor: Tensor, *grads: Tensor) -> tuple[Tensor, ...]:
+        ctx.backend = backend
+        return tuple(g.view_as(g) for g in grads)
+
+    @staticmethod
+    def backward(ctx: Any, *_: Tensor | None) -> tuple[None, ...]:
+        raise RuntimeError(
+            f"rnncc: the {ctx.backend} backend's backward is not differentiable: second-order "
+            "gradients (double backward, gradient penalties) need backend='reference'"
+        )
+
+
+def _first_order_only(
+    backend: str, inputs: tuple[Tensor | None, ...], grads: tuple[Tensor | None, ...]
+) -> tuple[Tensor | None, ...]:
+    """``grads`` made to raise when differentiated, if a second differentiation could reach
+    them (some input of the backward requires grad); else ``grads`` as they are."""
+    anchor = next((t for t in inputs if t is not None and t.requires_grad), None)
+    present = [g for g in grads if g is not None]
+    if anchor is None or not present:
+        return grads
+    wrapped = iter(_SecondOrderError.apply(backend, anchor, *present))
+    return tuple(None if g is None else next(wrapped) for g in grads)
+
+
 _defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
 _library: torch.library.Library | None = None
 
@@ -284,7 +315,8 @@ def _define_ops(
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
         Wx, R, b, states, params, save, poison = inputs
         _, _, hist, rh = output
-        ctx.save_for_backward(Wx, R, b, params, hist, rh)
+        # states only to tell a second differentiation apart (see _first_order_only).
+        ctx.save_for_backward(Wx, R, b, states, params, hist, rh)
         ctx.has = (R is not None, b is not None, params is not None)
         ctx.poison = poison
         ctx.states_shape = states.shape
@@ -305,7 +337,7 @@ def _define_ops(
             raise RuntimeError(
                 "rnncc: this forward ran without saving for backward (no input required grad)"
             )
-        Wx, R, b, params, hist, rh = ctx.saved_tensors
+        Wx, R, b, states, params, hist, rh = ctx.saved_tensors
         B, T, _, NH, D = Wx.shape
         if dy is None:
             dy = Wx.new_zeros((O, B, T, NH, D))
@@ -315,15 +347,16 @@ def _define_ops(
             dy, dlast.to(Wx.dtype), Wx, R, b, params, hist, rh, ctx.poison
         )
         has_r, has_b, has_p = ctx.has
-        return (
+        grads: tuple[Tensor | None, ...] = (
             dWx,
             dR if has_r else None,
             db if has_b else None,
             dstates.to(ctx.states_dtype),
             dparams if has_p else None,
-            None,
-            None,
         )
+        if torch.is_grad_enabled():  # create_graph=True
+            grads = _first_order_only(host, (dy, dlast, Wx, R, b, states, params), grads)
+        return (*grads, None, None)
 
     torch.library.register_autograd(
         f"rnncc::{name}_forward", grad, setup_context=setup_context, lib=lib

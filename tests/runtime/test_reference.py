@@ -83,20 +83,23 @@ def test_lstm_multi_head_is_block_diagonal():
         assert rel_err(lh, last[:, :, h : h + 1]) <= 1e-12
 
 
-@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
-def test_gradcheck_every_input(path):
-    cell = rnncc.load(path)
-    x = random_inputs(cell.ir, 2, 3, 2, 2, seed=7)
-    names = [k for k in INPUTS if x[k] is not None]
-    args = [x[k].requires_grad_() for k in names]
-
+def _reference_fn(cell, names):
     def f(*a):
         kw = dict(zip(names, a))
         return cell(
             kw["Wx"], kw.get("R"), kw.get("b"), kw["states"], kw.get("params"), backend="reference"
         )
 
-    assert torch.autograd.gradcheck(f, args)
+    return f
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_gradcheck_every_input(path):
+    cell = rnncc.load(path)
+    x = random_inputs(cell.ir, 2, 3, 2, 2, seed=7)
+    names = [k for k in INPUTS if x[k] is not None]
+    args = [x[k].requires_grad_() for k in names]
+    assert torch.autograd.gradcheck(_reference_fn(cell, names), args)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
@@ -135,3 +138,31 @@ def test_low_precision_computes_in_float32(dtype):
     ref, _ = cell(*(None if low[k] is None else low[k].double() for k in INPUTS))
     assert rel_err(y, ref) <= (1e-6 if dtype == torch.float32 else 1e-2)
     assert rel_err(y, y64) <= (1e-5 if dtype == torch.float32 else 5e-2)
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_gradgradcheck_every_input(path):
+    """Second-order gradients of the reference backend (its backward is differentiable)."""
+    cell = rnncc.load(path)
+    x = random_inputs(cell.ir, 2, 2, 1, 2, seed=5)
+    names = [k for k in INPUTS if x[k] is not None]
+    args = [x[k].requires_grad_() for k in names]
+    assert torch.autograd.gradgradcheck(_reference_fn(cell, names), args)
+
+
+def test_gradient_penalty_matches_torch_autograd():
+    """A gradient penalty on top of the loss: the derived backward, differentiated again,
+    equals torch autograd's second derivative of the plain forward (R's gradient included)."""
+    cell = rnncc.load(EX["lstm"])
+    x = random_inputs(cell.ir, 2, 4, 1, 3, seed=2)
+    names = [k for k in INPUTS if x[k] is not None]
+    results = []
+    for run in (lambda *a: cell(*a, backend="reference"), lambda *a: forward_autograd(cell.ir, *a)):
+        args = {k: x[k].clone().requires_grad_() for k in names}
+        y, last = run(args["Wx"], args["R"], args["b"], args["states"], None)
+        loss = (y**2).sum() + last.sum()
+        (gWx,) = torch.autograd.grad(loss, [args["Wx"]], create_graph=True)
+        total = loss + (gWx**2).sum()
+        results.append(torch.autograd.grad(total, [args[k] for k in names]))
+    for name, a, b in zip(names, *results, strict=True):
+        assert rel_err(a, b) <= 1e-12, name

@@ -79,3 +79,20 @@ def test_host_loop_compiles_against_torch_headers(tmp_path):
     cmd += [f"-I{templates_dir()}", str(templates_dir() / "stepwise_host.cpp")]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+
+
+def test_a_second_differentiation_of_the_kernels_backward_raises():
+    """The CUDA backends' backward is not differentiable: gradients made with create_graph=True
+    carry their first-order values, and differentiating them again raises instead of silently
+    dropping every term through the kernels (as the wrapped op has no autograd of its own)."""
+    from rnncc.runtime.stepwise import _first_order_only
+
+    x = torch.randn(3, requires_grad=True)
+    g = (2 * x).detach()  # what the kernels' backward returns: no graph
+    wrapped, none = _first_order_only("fused", (None, x), (g, None))
+    assert none is None and torch.equal(wrapped, g) and wrapped.requires_grad
+    penalty = (wrapped**2).sum()
+    with pytest.raises(RuntimeError, match=r"fused backend's backward is not differentiable"):
+        penalty.backward()
+    # Nothing to differentiate (no input requires grad): the gradients are returned as they are.
+    assert _first_order_only("fused", (None, x.detach()), (g, None))[0] is g
