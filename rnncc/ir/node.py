@@ -58,6 +58,11 @@ class Node:
     def __setattr__(self, key: str, value: Any) -> None:
         raise AttributeError("Node is immutable")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # pickle and copy rebuild a node through __init__: the default path sets each slot
+        # with setattr, which an immutable node refuses.
+        return (_rebuild, (self.op, self.src, self.arg, self.name, self.span))
+
     def __hash__(self) -> int:
         return self._hash
 
@@ -95,6 +100,10 @@ class Node:
     @property
     def is_leaf(self) -> bool:
         return not self.src
+
+
+def _rebuild(op: str, src: tuple[Node, ...], arg: Any, name: str | None, span: Span | None) -> Node:
+    return Node(op, src, arg, name=name, span=span)
 
 
 def toposort(roots: tuple[Node, ...] | list[Node]) -> list[Node]:

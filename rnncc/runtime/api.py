@@ -34,6 +34,7 @@ from rnncc.errors import Diagnostic, TilingError
 from rnncc.frontend import compile_source, select_cell
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
+from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
 from rnncc.runtime.validate import Sizes, validate
 
@@ -144,6 +145,12 @@ class CompiledCell:
         self, NH: int, D: int, *, dtype: torch.dtype = torch.float32, device: Any = "cpu"
     ) -> torch.Tensor | None:
         return initial_params(self.ir, NH, D, dtype, device) if self.ir.params else None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled (and deep-copied) as its IR in the JSON form of compiled packages: loaded
+        # libraries, registered ops and kept default tensors are per process and come back
+        # on first use.
+        return (_restore, (dump_cells(self.ir, self.backward_ir), self.warnings))
 
     def __repr__(self) -> str:
         parts = [
@@ -326,6 +333,11 @@ class CompiledCell:
             )
             return "stepwise"
         return "reference"
+
+
+def _restore(data: dict[str, Any], warnings_: tuple[Diagnostic, ...]) -> CompiledCell:
+    cell, backward = load_cells(data)
+    return CompiledCell(cell, warnings_, backward_ir=backward)
 
 
 def _emit(diags: list[Diagnostic], stacklevel: int) -> tuple[Diagnostic, ...]:

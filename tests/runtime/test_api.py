@@ -535,3 +535,33 @@ def test_load_warnings_are_attributed_to_the_caller(tmp_path: Path) -> None:
     with pytest.warns(rnncc.RnnccWarning) as record:
         rnncc.load(path)
     assert record[0].filename == __file__
+
+
+@pytest.mark.parametrize("how", ["pickle", "deepcopy"])
+@pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.rnn")), ids=lambda p: p.stem)
+def test_a_cell_pickles_and_copies_to_the_same_results(path, how):
+    import copy
+    import pickle
+
+    from rnncc.testing import random_inputs
+
+    cell = rnncc.load(path)
+    x = random_inputs(cell.ir, 2, 3, 2, 4, seed=4)
+    inputs = [x[k] for k in ("Wx", "R", "b", "states", "params")]
+    y, last = cell(*inputs)  # kept default tensors and the chosen backend are per process
+    clone = pickle.loads(pickle.dumps(cell)) if how == "pickle" else copy.deepcopy(cell)
+    assert clone is not cell and clone.ir == cell.ir and clone.backward_ir == cell.backward_ir
+    assert clone.source() == cell.source() and clone.ir.source == cell.ir.source
+    y2, last2 = clone(*inputs)
+    assert torch.equal(y, y2) and torch.equal(last, last2)
+    # The declared initial states and params, kept per process, come back lazily.
+    assert torch.equal(clone(*inputs[:3])[0], cell(*inputs[:3])[0])
+
+
+def test_ir_nodes_pickle():
+    import pickle
+
+    cell = rnncc.load(EXAMPLES / "slstm.rnn")
+    roots = [n for _, n in cell.ir.updates]
+    again = pickle.loads(pickle.dumps(roots))
+    assert again == roots and [n.name for n in again] == [n.name for n in roots]

@@ -201,3 +201,25 @@ def test_constructing_from_a_path() -> None:
         assert isinstance(m.cell, rnncc.CompiledCell) and m.cell.name == "gru"
         assert m(torch.randn(B, T, IN))[0].shape == (B, T, H)
     assert "cell=gru, input_size=5, hidden_size=6, num_heads=1" in repr(m)
+
+
+def test_a_module_survives_checkpointing(tmp_path) -> None:
+    """Training scripts save whole models, deep-copy them (weight averaging) and pickle them
+    into worker processes: each copy gives the original's results."""
+    import copy
+    import pickle
+
+    m = layer("slstm", num_heads=NH)
+    x = torch.randn(B, T, IN)
+    out, last = m(x)
+    torch.save(m, tmp_path / "m.pt")
+    copies = [
+        torch.load(tmp_path / "m.pt", weights_only=False),
+        pickle.loads(pickle.dumps(m)),
+        copy.deepcopy(m),
+        torch.optim.swa_utils.AveragedModel(m).module,
+    ]
+    for c in copies:
+        assert c is not m and c.cell.name == "slstm"
+        out2, last2 = c(x)
+        assert torch.equal(out, out2) and torch.equal(last, last2)
