@@ -1,21 +1,38 @@
-"""Run a compiled cell package on random data: forward, backward, and (for the LSTM) a check
-against torch.nn.LSTM with the same weights.
+"""Run a compiled cell package on random data, forward and backward, and check it against the
+float64 reference: the same layer, copied, run by the reference backend in float64 on the
+CPU. For the LSTM, that reference is also checked against torch.nn.LSTM (float64, CPU).
 
     rnncc compile examples/lstm.rnn -o build/lstm_cell
     python examples/demo.py build/lstm_cell
 
-Runs on the GPU when there is one (stepwise CUDA backend, built on first use), else on the
-CPU (reference backend).
+Runs on the GPU when there is one (the kernels are built on first use, or loaded from the
+cache), else on the CPU (the reference backend). Exits 1 when a result is off.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+#: ‖a − b‖ / ‖b‖ allowed against the float64 reference: float32 storage and math on the GPU.
+TOLERANCE = 1e-5
+
+
+def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.detach().double().cpu(), b.detach().double().cpu()
+    return float((a - b).norm() / b.norm().clamp_min(1e-300))
+
+
+def run(layer: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """Outputs, last states and every parameter's gradient of one forward + backward."""
+    out, last = layer(x)
+    (out.square().mean() + last.square().mean()).backward()
+    return (out, last, *(p.grad for p in layer.parameters()))
 
 
 def main(package: str) -> int:
@@ -24,38 +41,55 @@ def main(package: str) -> int:
     pkg = importlib.import_module(path.name)
     cell = pkg.cell
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    dtype = torch.float32
     print(f"loaded {cell!r} from {path}")
 
     torch.manual_seed(0)
     B, T, I, H = 4, 32, 16, 64
-    layer = pkg.RNN(I, H, num_heads=1).to(device, dtype)
-    x = torch.randn(B, T, I, device=device, dtype=dtype)
+    layer = pkg.RNN(I, H, num_heads=1).to(device, torch.float32)
+    reference = copy.deepcopy(layer).to("cpu", torch.float64)
+    reference.backend = "reference"
+    x = torch.randn(B, T, I, device=device)
+
+    if device == "cuda":
+        started = time.perf_counter()
+        cell.prepare(device, head_dim=H)
+        print(
+            f"CUDA kernels built or loaded from the cache in {time.perf_counter() - started:.1f} s"
+        )
     started = time.perf_counter()
-    out, last = layer(x)
-    (out.square().mean() + last.square().mean()).backward()
+    results = run(layer, x)
     if device == "cuda":
         torch.cuda.synchronize()
     print(
-        f"backend {cell.last_backend}: outputs {tuple(out.shape)}, last states {tuple(last.shape)}, "
-        f"forward + backward {1e3 * (time.perf_counter() - started):.1f} ms (first call, includes any build)"
+        f"backend {cell.last_backend} on {device}: outputs {tuple(results[0].shape)}, "
+        f"last states {tuple(results[1].shape)}, forward + backward "
+        f"{1e3 * (time.perf_counter() - started):.1f} ms (first call)"
     )
-    grads = {n: float(p.grad.norm()) for n, p in layer.named_parameters()}
-    print("gradient norms:", ", ".join(f"{n} {g:.3g}" for n, g in grads.items()))
+    expected = run(reference, x.to("cpu", torch.float64))
+    names = ["outputs", "last states"] + [f"d {n}" for n, _ in layer.named_parameters()]
+    errors = {n: rel_err(a, b) for n, a, b in zip(names, results, expected, strict=True)}
+    print(
+        "relative difference to the float64 reference: "
+        + ", ".join(f"{n} {e:.1e}" for n, e in errors.items())
+    )
+    failed = [n for n, e in errors.items() if not e <= TOLERANCE]
 
-    if cell.name == "lstm":
-        ref = torch.nn.LSTM(I, H, batch_first=True).to(device, dtype)
+    if cell.name == "lstm":  # the reference against torch's own LSTM, with the same weights
+        lstm = torch.nn.LSTM(I, H, batch_first=True, dtype=torch.float64)
         with torch.no_grad():
-            ref.weight_ih_l0.copy_(layer.input_proj.weight)
-            ref.bias_ih_l0.copy_(layer.input_proj.bias)
-            ref.weight_hh_l0.copy_(layer.R.reshape(4 * H, H))
-            ref.bias_hh_l0.copy_(layer.b.reshape(4 * H))
-            expected, _ = ref(x)
-            err = float((out - expected).norm() / expected.norm())
-        print(f"relative difference to torch.nn.LSTM: {err:.2e}")
-        if err > 1e-4:
-            print("MISMATCH", file=sys.stderr)
-            return 1
+            lstm.weight_ih_l0.copy_(reference.input_proj.weight)
+            lstm.bias_ih_l0.copy_(reference.input_proj.bias)
+            lstm.weight_hh_l0.copy_(reference.R.reshape(4 * H, H))
+            lstm.bias_hh_l0.copy_(reference.b.reshape(4 * H))
+            out, _ = lstm(x.to("cpu", torch.float64))
+        err = rel_err(expected[0], out)
+        print(f"float64 reference against torch.nn.LSTM (float64): {err:.1e}")
+        if not err <= 1e-12:
+            failed.append("torch.nn.LSTM")
+    if failed:
+        print(f"MISMATCH beyond {TOLERANCE:g}: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    print("ok")
     return 0
 
 
