@@ -11,6 +11,9 @@ RNNCC_CACHE_DIR    where built kernels are cached; default ``$XDG_CACHE_HOME/rnn
 RNNCC_DUMP_DIR     if set, every compiler stage (AST, IR, backward IR, plan, sources) is
                    written there, like Triton's dumps
 RNNCC_VERBOSE      ``1``/``true``/``yes``/``on`` shows the compiler's build output
+RNNCC_QUIET        ``1`` (same spellings) silences the line on stderr that says a kernel
+                   build started and how long it took (and the one saying a build waits for
+                   another process's)
 RNNCC_POISON       ``1``: the CUDA backends fill outputs and workspaces with NaN before their
                    kernels run, so an element a kernel fails to write shows (for tests)
 MAX_JOBS           parallel compile jobs for the kernel build (the variable
@@ -57,6 +60,7 @@ class Config:
     cache_dir: Path
     dump_dir: Path | None = None
     verbose: bool = False
+    quiet: bool = False
     max_jobs: int | None = None
     poison: bool = False
 
@@ -65,7 +69,7 @@ class Config:
         object.__setattr__(self, "cache_dir", _abs_path(self.cache_dir))
         if self.dump_dir is not None:
             object.__setattr__(self, "dump_dir", _abs_path(self.dump_dir))
-        for flag in ("verbose", "poison"):
+        for flag in ("verbose", "quiet", "poison"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
         if self.max_jobs is not None and (
@@ -85,6 +89,7 @@ class Config:
             cache_dir=Path(cache) if cache else _default_cache_dir(env),
             dump_dir=Path(dump) if dump else None,
             verbose=_parse_bool("RNNCC_VERBOSE", env.get("RNNCC_VERBOSE", "")),
+            quiet=_parse_bool("RNNCC_QUIET", env.get("RNNCC_QUIET", "")),
             max_jobs=_parse_jobs("MAX_JOBS", env.get("MAX_JOBS", "")),
             poison=_parse_bool("RNNCC_POISON", env.get("RNNCC_POISON", "")),
         )

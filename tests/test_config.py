@@ -14,7 +14,14 @@ from rnncc import config as cfg
 from rnncc.config import Config, ConfigError, get_config, override
 from rnncc.errors import RnnccError
 
-KNOBS = ("RNNCC_CACHE_DIR", "RNNCC_DUMP_DIR", "RNNCC_VERBOSE", "MAX_JOBS", "XDG_CACHE_HOME")
+KNOBS = (
+    "RNNCC_CACHE_DIR",
+    "RNNCC_DUMP_DIR",
+    "RNNCC_VERBOSE",
+    "RNNCC_QUIET",
+    "MAX_JOBS",
+    "XDG_CACHE_HOME",
+)
 
 
 @pytest.fixture(autouse=True)
@@ -29,6 +36,7 @@ def test_defaults(tmp_path: Path) -> None:
     assert c.cache_dir == tmp_path / "home" / ".cache" / "rnncc"
     assert c.dump_dir is None
     assert c.verbose is False
+    assert c.quiet is False
     assert c.max_jobs is None
 
 
@@ -62,7 +70,7 @@ def test_paths_are_absolute_and_expanded(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def test_empty_means_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    for name in ("RNNCC_CACHE_DIR", "RNNCC_DUMP_DIR", "RNNCC_VERBOSE", "MAX_JOBS"):
+    for name in ("RNNCC_CACHE_DIR", "RNNCC_DUMP_DIR", "RNNCC_VERBOSE", "RNNCC_QUIET", "MAX_JOBS"):
         monkeypatch.setenv(name, "")
     assert Config.from_env() == Config(cache_dir=tmp_path / "home" / ".cache" / "rnncc")
 
@@ -74,15 +82,21 @@ def test_empty_means_unset(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> N
         *[("0", False), ("false", False), ("No", False), ("off", False), ("", False)],
     ],
 )
-def test_verbose(monkeypatch: pytest.MonkeyPatch, raw: str, expected: bool) -> None:
-    monkeypatch.setenv("RNNCC_VERBOSE", raw)
-    assert Config.from_env().verbose is expected
+@pytest.mark.parametrize(
+    ("name", "field"), [("RNNCC_VERBOSE", "verbose"), ("RNNCC_QUIET", "quiet")]
+)
+def test_bools(
+    monkeypatch: pytest.MonkeyPatch, name: str, field: str, raw: str, expected: bool
+) -> None:
+    monkeypatch.setenv(name, raw)
+    assert getattr(Config.from_env(), field) is expected
 
 
+@pytest.mark.parametrize("name", ["RNNCC_VERBOSE", "RNNCC_QUIET"])
 @pytest.mark.parametrize("raw", ["2", "maybe", "tru"])
-def test_bad_verbose_names_the_variable(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
-    monkeypatch.setenv("RNNCC_VERBOSE", raw)
-    with pytest.raises(ConfigError, match=f"RNNCC_VERBOSE='{raw}'"):
+def test_bad_bool_names_the_variable(monkeypatch: pytest.MonkeyPatch, name: str, raw: str) -> None:
+    monkeypatch.setenv(name, raw)
+    with pytest.raises(ConfigError, match=f"{name}='{raw}'"):
         Config.from_env()
 
 
@@ -121,6 +135,8 @@ def test_constructor_validates(tmp_path: Path) -> None:
         Config(cache_dir=tmp_path, max_jobs=True)
     with pytest.raises(ConfigError):
         Config(cache_dir=tmp_path, verbose="yes")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="quiet must be a bool"):
+        Config(cache_dir=tmp_path, quiet=1)  # type: ignore[arg-type]
 
 
 def test_get_config_reads_the_environment_on_each_call(
