@@ -97,3 +97,8 @@ class BuildError(RnnccError):
 
 class InternalError(RnnccError):
     """A bug in rnncc: an IR invariant failed. The message carries the IR involved."""
+
+
+class RnnccWarning(UserWarning):
+    """Warnings of rnncc: unused declarations in a cell, slow fallbacks, a damaged cache entry
+    rebuilt."""

@@ -30,7 +30,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from rnncc.autodiff import derive_backward
 from rnncc.dump import dump
-from rnncc.errors import Diagnostic, TilingError
+from rnncc.errors import Diagnostic, RnnccWarning, TilingError
 from rnncc.frontend import compile_source, select_cell
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
@@ -55,10 +55,6 @@ def _may_keep(on_cuda: bool) -> bool:
     if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
         return False
     return not (on_cuda and torch.cuda.is_current_stream_capturing())
-
-
-class RnnccWarning(UserWarning):
-    """Warnings of rnncc: unused declarations in a cell, slow fallbacks."""
 
 
 class CompiledCell:
