@@ -1,36 +1,30 @@
 """Compiled cell packages: what ``rnncc compile FILE -o DIR`` writes and how it loads.
 
-DIR becomes an importable Python package:
+DIR becomes an importable Python package (its name must be an identifier, not a keyword):
+``cell.json`` (forward and backward IR with the source, ``rnncc.ir.serialize``), ``cell.rnn``
+(the source as written), ``kernels/`` (the stepwise backend's generated CUDA and headers, the
+bytes the runtime regenerates), ``plan.txt`` / ``plan.json`` when sizes were given, and
+``__init__.py``, which loads ``cell.json`` into ``cell`` without running the front end.
 
-- ``cell.json`` — the forward and backward IR (``rnncc.ir.serialize``), with the source;
-- ``cell.rnn`` — the cell's source as written, for reading;
-- ``kernels/`` — the generated CUDA of the stepwise backend and the headers it includes
-  (the runtime regenerates the same bytes, so a library prebuilt from them is found in the
-  cache by content);
-- ``plan.txt`` / ``plan.json`` — the tiling plan, when sizes were given;
-- ``__init__.py`` — loads ``cell.json`` into ``cell`` (a ``CompiledCell``) without running
-  the front end or autodiff, and offers ``RNN(...)``, ``rnncc.RNN`` bound to the cell. On
-  first use on a GPU the kernels are built (or loaded from the cache) for that GPU.
-
-Files are written to a temporary folder and moved into place, so a reader never sees a
-half-written package. DIR's name must be a Python identifier and not a keyword (it is the
-package's import name); an existing DIR is replaced only when it holds an earlier package (a
-``cell.json``), never a folder of other files; if the move fails the earlier package is put
-back.
+``.rnncc-package.json``, the manifest, lists every file rnncc wrote. A recompile replaces
+exactly those files and leaves every other file alone; a folder that is not empty and has no
+manifest is refused. Each file is replaced atomically, ``cell.json`` and ``__init__.py`` last,
+so an import never sees a half-written file. docs/compile.md describes the rules.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import keyword
 import os
-import shutil
-import tempfile
+import stat
 from collections.abc import Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from rnncc import __version__
 from rnncc.autodiff import derive_backward
+from rnncc.codegen.escape import json_text, python_string
 from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.errors import RnnccError
 from rnncc.ir.cell import Cell
@@ -38,7 +32,12 @@ from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.resources import templates_dir
 from rnncc.runtime.api import CompiledCell
 
-_INIT = '''"""rnncc cell '{name}', compiled from {path} by rnncc {version}.
+#: The manifest's file name inside a package, and the format it is written in.
+MANIFEST = ".rnncc-package.json"
+MANIFEST_FORMAT = "rnncc-package/1"
+
+# The docstring holds no user text: the cell's name and path go in literals (python_string).
+_INIT = '''"""A cell compiled by rnncc {version}; ``cell`` is loaded from cell.json.
 
     from {package} import cell, RNN
     y, last = cell(Wx, R, b)          # shapes: see cell.shapes(B, T, NH, D)
@@ -50,6 +49,10 @@ Generated file: recompile with `rnncc compile` rather than editing it.
 from pathlib import Path as _Path
 
 from rnncc.runtime.package import load_package as _load_package
+
+#: The cell's name and the .rnn file it was compiled from.
+CELL_NAME = {name}
+SOURCE_PATH = {path}
 
 cell = _load_package(_Path(__file__).with_name("cell.json"))
 
@@ -63,59 +66,199 @@ def RNN(*args, **kwargs):
 
 
 def write_package(cell: Cell, out: Path, *, plan: Mapping[str, str] | None = None) -> Path:
-    """Write ``out`` as a package of ``cell``; replaces an earlier package there. ``plan``
-    maps file names (``plan.txt``, ``plan.json``) to their text."""
+    """Write ``out`` as a package of ``cell``, replacing only the files an earlier rnncc
+    package there lists in its manifest; ``plan`` maps file names (``plan.txt``,
+    ``plan.json``) to their text. Raises ``RnnccError`` before writing anything when the
+    folder is not one rnncc may write into."""
     out = Path(out)
     if not out.name.isidentifier() or keyword.iskeyword(out.name):
         raise RnnccError(
             f"{out}: a package folder needs a Python identifier as its name "
             f"(its import name), not {out.name!r}"
         )
-    if out.exists() and not (out / "cell.json").is_file():
-        raise RnnccError(
-            f"{out} exists and is not an rnncc package: not replacing it; "
-            "remove it or choose another output folder"
-        )
+    files = package_files(cell, out.name, plan or {})
+    for rel in files:
+        if not _is_inside(rel):
+            raise RnnccError(f"cell '{cell.name}': {rel!r} is not a file name inside a package")
+    earlier = _listed_files(out)
+    for rel in files:
+        _check_writable(out, rel, earlier)
+    stale = sorted(set(earlier) - set(files))
+    for rel in stale:
+        _check_writable(out, rel, earlier)
+
+    out.mkdir(parents=True, exist_ok=True)
+    # Until the end the manifest lists the earlier files and the new ones: whatever is
+    # interrupted, the next compile finds every file rnncc wrote listed.
+    _write_manifest(out, cell, sorted(set(earlier) | set(files)))
+    for rel, data in files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _write_atomic(path, data)
+    for rel in stale:
+        (out / rel).unlink(missing_ok=True)
+        _remove_empty_folders(out, PurePosixPath(rel).parent)
+    _write_manifest(out, cell, sorted(files))
+    return out
+
+
+def package_files(cell: Cell, package: str, plan: Mapping[str, str]) -> dict[str, bytes]:
+    """Every file of the package of ``cell`` named ``package``: relative POSIX path → bytes,
+    in the order they are written (``cell.json`` and ``__init__.py`` last)."""
     backward = derive_backward(cell)
+    src = generate_stepwise(cell, backward)
+    files = {f"kernels/{src.filename}": src.text.encode("utf-8")}
+    for header in src.headers:
+        files[f"kernels/{header}"] = (templates_dir() / header).read_bytes()
+    files["cell.rnn"] = (cell.source.text if cell.source else "").encode("utf-8")
+    for name, text in plan.items():
+        files[name] = text.encode("utf-8")
     data = dump_cells(cell, backward)
     data["rnncc_version"] = __version__
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    try:
-        (tmp / "cell.json").write_text(json.dumps(data, indent=1) + "\n")
-        (tmp / "cell.rnn").write_text(cell.source.text if cell.source else "", encoding="utf-8")
-        path = cell.source.path if cell.source else "<string>"
-        init = _INIT.format(name=cell.name, path=path, version=__version__, package=out.name)
-        (tmp / "__init__.py").write_text(init, encoding="utf-8")
-        kernels = tmp / "kernels"
-        kernels.mkdir()
-        src = generate_stepwise(cell, backward)
-        (kernels / src.filename).write_text(src.text, encoding="utf-8")
-        for header in src.headers:
-            shutil.copyfile(templates_dir() / header, kernels / header)
-        for name, text in (plan or {}).items():
-            (tmp / name).write_text(text, encoding="utf-8")
-        # mkdtemp makes the folder private (0700); give it the mode a plain mkdir would.
-        mode = (tmp / "cell.json").stat().st_mode & 0o666
-        os.chmod(tmp, mode | (mode & 0o444) >> 2)
-        if out.exists():
-            old = out.with_name(f".{out.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            os.replace(out, old)
-            try:
-                os.replace(tmp, out)
-            except BaseException:
-                os.replace(old, out)
-                raise
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out
+    files["cell.json"] = json_text(data).encode("ascii")
+    init = _INIT.format(
+        version=__version__,
+        package=package,
+        name=python_string(cell.name),
+        path=python_string(cell.source.path if cell.source else "<string>"),
+    )
+    files["__init__.py"] = init.encode("utf-8")
+    return files
 
 
 def load_package(path: Path) -> CompiledCell:
     """The ``CompiledCell`` stored in a package's ``cell.json``."""
     cell, backward = load_cells(json.loads(Path(path).read_text()))
     return CompiledCell(cell, backward_ir=backward)
+
+
+def _is_inside(rel: str) -> bool:
+    """Whether ``rel`` names a path below a package folder: relative, POSIX, no ``.`` or
+    ``..`` parts, no backslash, not the manifest. Checked on every path a manifest lists, so
+    that a hand-edited one cannot make rnncc write or delete outside the folder."""
+    if not rel or "\\" in rel or "\0" in rel or rel == MANIFEST:
+        return False
+    return not rel.startswith("/") and all(p not in ("", ".", "..") for p in rel.split("/"))
+
+
+def _listed_files(out: Path) -> list[str]:
+    """The files the manifest in ``out`` lists; none when ``out`` is absent or empty. Refuses
+    a folder with other files and no manifest, and a manifest it cannot read or trust."""
+    if not os.path.lexists(out):
+        return []
+    if not out.is_dir():
+        raise RnnccError(
+            f"{out} exists and is not a folder: not writing a package there; "
+            "choose another folder or remove it"
+        )
+    manifest = out / MANIFEST
+    if not os.path.lexists(manifest):
+        if any(out.iterdir()):
+            raise RnnccError(
+                f"{out} exists and is not an rnncc package (no {MANIFEST}): not writing into "
+                "it; choose another folder or remove it"
+            )
+        return []
+    refuse = f"not writing into {out}; choose another folder or remove it"
+    try:
+        data = json.loads(manifest.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise RnnccError(
+            f"{manifest}: cannot read the package manifest ({err}): {refuse}"
+        ) from None
+    fmt = data.get("format") if isinstance(data, dict) else None
+    files = data.get("files") if isinstance(data, dict) else None
+    if fmt != MANIFEST_FORMAT or not isinstance(files, list):
+        raise RnnccError(
+            f"{manifest}: not a package manifest this rnncc reads (format {fmt!r}; this rnncc "
+            f"writes {MANIFEST_FORMAT!r}): {refuse}"
+        )
+    for rel in files:
+        if not isinstance(rel, str) or not _is_inside(rel):
+            raise RnnccError(
+                f"{manifest} lists {rel!r}, which is not a file inside {out}: {refuse}"
+            )
+    return files
+
+
+def _kind(mode: int) -> str:
+    if stat.S_ISDIR(mode):
+        return "a folder"
+    if stat.S_ISLNK(mode):
+        return "a symbolic link"
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _check_writable(out: Path, rel: str, listed: list[str]) -> None:
+    """Refuse unless rnncc may write or delete ``out/rel``: its folders inside ``out`` are real
+    folders (no symbolic link leads out), and the path is absent or a regular file the
+    manifest lists. Raises ``RnnccError`` naming what is in the way."""
+    parts = rel.split("/")
+    for k in range(1, len(parts)):
+        folder = out.joinpath(*parts[:k])
+        try:
+            mode = folder.lstat().st_mode
+        except FileNotFoundError:
+            return
+        if not stat.S_ISDIR(mode):
+            raise RnnccError(
+                f"{folder} is {_kind(mode)}, where rnncc keeps package files: not writing into "
+                f"{out}; move it away or choose another folder"
+            )
+    path = out / rel
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    if rel not in listed:
+        raise RnnccError(
+            f"{path} exists and rnncc did not write it (it is not listed in {MANIFEST}): not "
+            "replacing it; move it away or choose another folder"
+        )
+    if not stat.S_ISREG(mode):
+        raise RnnccError(
+            f"{path} is listed in {MANIFEST} as a file rnncc wrote but is now {_kind(mode)}: "
+            "not replacing it; move it away or choose another folder"
+        )
+
+
+def _write_atomic(path: Path, data: bytes) -> None:
+    """Write ``path`` through a new temporary file beside it and ``os.replace``: a reader sees
+    the old file or the new one. The file gets the mode a plain ``open`` would give it."""
+    while True:
+        tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            break
+        except FileExistsError:
+            continue
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_manifest(out: Path, cell: Cell, files: list[str]) -> None:
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "rnncc_version": __version__,
+        "cell": cell.name,
+        "files": files,
+    }
+    _write_atomic(out / MANIFEST, json_text(manifest).encode("ascii"))
+
+
+def _remove_empty_folders(out: Path, folder: PurePosixPath) -> None:
+    """Remove ``out/folder`` and its parents below ``out`` while they are empty: folders that
+    held only files rnncc wrote and has now removed."""
+    while folder.parts:
+        try:
+            os.rmdir(out / folder)
+        except OSError as err:
+            if err.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOENT):
+                return
+            raise
+        folder = folder.parent
