@@ -247,6 +247,7 @@ def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> 
         f"wrote {tmp_path / 'pkg'} (cell 'indrnn'); import it with the parent folder on sys.path\n"
     )
     assert sorted(p.name for p in (tmp_path / "pkg").iterdir()) == [
+        ".rnncc-package.json",
         "__init__.py",
         "cell.json",
         "cell.rnn",
@@ -298,8 +299,8 @@ def test_compile_refuses_unusable_output(capsys, tmp_path: Path) -> None:
     rc, out, err = run(capsys, "compile", lstm, "-o", mine)
     assert (rc, out) == (1, "")
     assert err == (
-        f"rnncc: error: {mine} exists and is not an rnncc package: not replacing it; "
-        "remove it or choose another output folder\n"
+        f"rnncc: error: {mine} exists and is not an rnncc package (no .rnncc-package.json): "
+        "not writing into it; choose another folder or remove it\n"
     )
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
     # An output below a file cannot be written: an error, not a traceback.
