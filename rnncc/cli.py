@@ -9,6 +9,7 @@ Subcommands:
   the cell (IR, backward IR and source as data; importing it runs no front end);
 - ``rnncc plan FILE --hidden H ...`` — the tiling plan of the fused kernel;
 - ``rnncc bench FILE --hidden H ...`` — time the cell on rnncc's backends and the baselines.
+- ``rnncc cache list|clear [GLOB...]|prune --max-size SIZE`` — the built-kernel cache.
 
 User errors print compiler-style diagnostics to stderr and exit 1, never a traceback.
 """
@@ -27,6 +28,7 @@ from rnncc.errors import Diagnostic, DslError, RnnccError
 
 if TYPE_CHECKING:  # the front end is imported when a command needs it
     from rnncc.ir.cell import Cell
+    from rnncc.runtime.cache import Entry
 
 
 def _read(path: str) -> str:
@@ -95,21 +97,46 @@ def cmd_compile(args: argparse.Namespace) -> int:
     cells, warns = _compile(args.file)
     _print_warnings(warns)
     cell = _pick(cells, args.cell, args.file)
+    arch = _prebuild_arch(args) if args.prebuild else None  # checked before anything is written
     plan = _plan_files(cell, args) if args.hidden is not None else None
     try:
         out = write_package(cell, Path(args.output), plan=plan)
     except OSError as err:
         raise RnnccError(f"{args.output}: cannot write: {err.strerror or err}") from None
     print(f"wrote {out} (cell '{cell.name}'); import it with the parent folder on sys.path")
-    if args.prebuild:
+    if arch is not None:
         from rnncc.autodiff import derive_backward
         from rnncc.runtime.stepwise import build_cell_library, host_library
 
-        arch = args.arch or _device_arch()
         host = host_library(_build_arch(arch))
         library = build_cell_library(cell, derive_backward(cell), _build_arch(arch))
         print(f"prebuilt for {arch}: {library} (host loop: {host})")
     return 0
+
+
+def _prebuild_arch(args: argparse.Namespace) -> str:
+    """The arch --prebuild builds for, once it is clear that a build can run here: a CUDA
+    build of torch, nvcc, and a target (--arch or the GPU)."""
+    import shutil
+
+    import torch
+    from torch.utils import cpp_extension
+
+    if torch.version.cuda is None:
+        raise RnnccError(
+            f"this torch ({torch.__version__}) is a CPU build: "
+            "--prebuild needs a CUDA build of torch"
+        )
+    if cpp_extension.CUDA_HOME is None and shutil.which("nvcc") is None:
+        raise RnnccError(
+            "no CUDA compiler: nvcc is not on PATH and CUDA_HOME is not set; "
+            "--prebuild needs the CUDA toolkit"
+        )
+    from rnncc.config import get_config
+    from rnncc.runtime.cache import ensure_writable
+
+    ensure_writable(get_config().cache_dir)
+    return str(args.arch) if args.arch else _device_arch()
 
 
 def _build_arch(arch: str) -> str:
@@ -125,6 +152,66 @@ def _device_arch() -> str:
     from rnncc.runtime.build import device_arch
 
     return device_arch()
+
+
+def cmd_cache(args: argparse.Namespace) -> int:
+    """``rnncc cache list|clear|prune``: see ``docs/cache.md``."""
+    from rnncc.config import get_config
+    from rnncc.runtime import cache
+
+    root = get_config().cache_dir
+    if args.action == "list":
+        _print_entries(root, cache.list_entries(root))
+        return 0
+    if args.action == "clear":
+        removed, kept = cache.clear(root, args.patterns)
+    else:
+        removed, kept = cache.prune(root, args.max_size)
+    freed = cache.format_size(sum(e.size for e in removed))
+    print(f"removed {_entries(len(removed))} ({freed}) from {root}")
+    for entry in kept:
+        print(f"kept {entry.path.name}: in use ({entry.in_use})")
+    if args.action == "prune":
+        print(f"the cache holds {cache.format_size(sum(e.size for e in cache.list_entries(root)))}")
+    return 0
+
+
+def _entries(n: int) -> str:
+    return f"{n} entr{'y' if n == 1 else 'ies'}"
+
+
+def _print_entries(root: Path, entries: list[Entry]) -> None:
+    """The table of ``rnncc cache list``: entry folder, kernel, size, age, in use."""
+    import time
+
+    from rnncc.runtime import cache
+
+    if not entries:
+        print(f"kernel cache {root}: empty")
+        return
+    print(
+        f"kernel cache {root}: {_entries(len(entries))}, "
+        f"{cache.format_size(sum(e.size for e in entries))}"
+    )
+    now = time.time()
+    rows = [("entry", "kernel", "size", "age", "in use")]
+    for e in entries:
+        kernel = e.manifest.description if e.manifest else "unfinished build"
+        kernel = "unreadable manifest" if e.damaged else kernel
+        age = cache.format_age(now - e.built_at)
+        rows.append((e.path.name, kernel, cache.format_size(e.size), age, e.in_use))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+
+
+def _size(text: str) -> int:
+    from rnncc.runtime.cache import parse_size
+
+    try:
+        return parse_size(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _plan_files(cell: Cell, args: argparse.Namespace) -> dict[str, str]:
@@ -214,6 +301,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="build the CUDA libraries into the cache now (needs nvcc and a CUDA build of torch)",
     )
     p.set_defaults(func=cmd_compile)
+
+    p = sub.add_parser(
+        "cache",
+        help="list, clear or prune the built-kernel cache",
+        description="The cache of built kernels ($RNNCC_CACHE_DIR, default ~/.cache/rnncc). "
+        "Entries in use (being built, or loaded by a running process) are never removed.",
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    actions.add_parser(
+        "list",
+        help="each entry: kernel, size, age, in use",
+        description="List the cache's entries: folder, kernel, size on disk, age, in use.",
+    )
+    q = actions.add_parser(
+        "clear",
+        help="remove all entries, or those matching globs",
+        description="Remove every entry, or those whose folder or library name matches one "
+        "of the globs (e.g. 'rnncc_lstm_*').",
+    )
+    q.add_argument("patterns", nargs="*", metavar="GLOB")
+    q = actions.add_parser(
+        "prune",
+        help="remove least recently used entries down to a size",
+        description="Remove unfinished builds, then the least recently used entries, until "
+        "the cache holds at most SIZE.",
+    )
+    q.add_argument(
+        "--max-size", type=_size, required=True, metavar="SIZE", help="e.g. 2G, 500M (binary)"
+    )
+    p.set_defaults(func=cmd_cache)
 
     plan_command: ModuleType | None
     try:

@@ -277,6 +277,10 @@ def test_compile_prebuild_without_gpu_needs_arch(capsys, tmp_path: Path, monkeyp
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    # Past the checks that come first: a CUDA build of torch, nvcc, a writable cache.
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr("torch.utils.cpp_extension.CUDA_HOME", "/usr/local/cuda")
+    monkeypatch.setenv("RNNCC_CACHE_DIR", str(tmp_path / "cache"))
     rc = main(
         ["compile", str(REPO / "examples" / "lstm.rnn"), "-o", str(tmp_path / "pkg"), "--prebuild"]
     )

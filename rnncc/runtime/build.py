@@ -2,16 +2,21 @@
 
 Input: a library's name, its source files (name → text), and flags. Output: the path of the
 built shared library, built at most once per content: the cache key hashes the rnncc
-version, every source and header text, the flags, the torch and CUDA versions and the target
-arch; the directory is ``$RNNCC_CACHE_DIR/<name>-<key16>/`` (readable). Batch size and
-sequence length never enter a key: they are runtime arguments of every kernel.
+version, every source and header text, the flags, the torch and CUDA versions, the target
+arch and the caller's launch ``plan``; the entry is ``$RNNCC_CACHE_DIR/<name>-<key16>/``
+(layout and manifest: ``rnncc.runtime.cache``). Batch size and sequence length never enter a
+key: they are runtime arguments of every kernel.
 
-Concurrency: a build holds an exclusive ``fcntl`` lock on ``<dir>.lock`` and re-checks for a
-finished build after acquiring it, so two processes asking at once build once; a build is
-finished when its ``BUILT`` marker exists, written atomically (temp file, ``os.replace``)
-after the library. Each real build appends a line to ``$RNNCC_CACHE_DIR/builds.log``.
+A finished entry is used when its library matches the size and sha256 in its manifest; that
+check takes no lock and writes nothing, so a read-only cache keeps serving what it holds. A
+build holds the entry's lock and re-checks after acquiring it, so concurrent askers build
+once; a damaged entry is rebuilt with a warning, and what a killed build left (torch's baton
+file, which would make the next build wait forever, and a half-written library) is removed
+first. The manifest is written atomically after the library; each build appends a line to
+``$RNNCC_CACHE_DIR/builds.log`` and prints its start and time on stderr unless
+``RNNCC_QUIET``.
 
-Builds run ``torch.utils.cpp_extension.load`` (ninja) in the cache directory, quiet unless
+Builds run ``torch.utils.cpp_extension.load`` (ninja) in the entry, quiet unless
 ``RNNCC_VERBOSE``; a compiler failure raises ``BuildError`` naming the generated file and the
 first compiler errors. Builds may run in several threads at once (the benchmark tools build
 variants in parallel): a build captures only its own thread's prints (``_captured_stdout``).
@@ -20,22 +25,37 @@ variants in parallel): a build captures only its own thread's prints (``_capture
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import hashlib
 import io
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rnncc import __version__
 from rnncc.config import get_config
-from rnncc.errors import BuildError
+from rnncc.errors import BuildError, RnnccWarning
+from rnncc.runtime.cache import (
+    MANIFEST_FORMAT,
+    DamagedEntryError,
+    Manifest,
+    atomic_write,
+    cache_error,
+    check_entry,
+    entry_dir,
+    entry_lock,
+    file_sha256,
+    lock_path,
+    write_manifest,
+)
 
 #: nvcc flags of every generated kernel library (CI compiles with these too).
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")
@@ -82,23 +102,6 @@ def toolchain_parts(arch: str) -> dict[str, str]:
     }
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as fh:
-        fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
-
-
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
 def _first_errors(log: str, limit: int = 8) -> str:
     """The compiler's own error lines (not ninja's command lines), else the log's tail."""
     lines = [
@@ -117,42 +120,112 @@ def build_library(
     headers: Sequence[Path] = (),
     cuda: bool = True,
     extra_parts: Mapping[str, str] | None = None,
+    description: str | None = None,
+    plan: Mapping[str, Any] | None = None,
 ) -> Path:
     """Build (or find in the cache) the shared library of ``sources``; see the module
-    docstring. ``headers`` are copied beside the sources and hashed into the key."""
+    docstring. ``headers`` are copied beside the sources and hashed into the key;
+    ``description`` names the library in the progress line (e.g. ``lstm stepwise kernels
+    (sm_90a)``); ``plan`` (JSON data) is hashed into the key and kept in the manifest."""
     flags = list(NVCC_FLAGS) + arch_flags(arch)
     parts = dict(toolchain_parts(arch))
     parts.update({f"src:{k}": v for k, v in sources.items()})
     parts.update({f"hdr:{p.name}": p.read_text() for p in headers})
     parts["flags"] = " ".join(flags + list(CXX_FLAGS))
+    parts["manifest"] = str(MANIFEST_FORMAT)
+    if plan is not None:
+        parts["plan"] = json.dumps(plan, sort_keys=True)
     parts.update(extra_parts or {})
     key = cache_key(parts)
     root = get_config().cache_dir
-    directory = root / f"{name}-{key[:16]}"
+    directory = entry_dir(root, name, key)
     ext_name = f"{re.sub(r'[^A-Za-z0-9_]', '_', name)}_{key[:16]}"
     library = directory / f"{ext_name}.so"
-    marker = directory / "BUILT"
-    if marker.exists() and library.exists():
-        return library
-    with _locked(root / f"{name}-{key[:16]}.lock"):
-        if marker.exists() and library.exists():  # another process built it meanwhile
+    with contextlib.suppress(DamagedEntryError):  # rebuilt below, if still damaged under the lock
+        if check_entry(directory, library.name) is not None:
             return library
-        directory.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for fname, text in sources.items():
-            _atomic_write(directory / fname, text)
-            paths.append(str(directory / fname))
-        for header in headers:
-            _atomic_write(directory / header.name, header.read_text())
-        started = time.time()
-        _run_build(ext_name, paths, directory, flags, cuda)
-        info = {"name": name, "key": key, "seconds": round(time.time() - started, 2), **parts}
-        info = {
-            k: v for k, v in info.items() if not k.startswith("src:") and not k.startswith("hdr:")
-        }
-        _atomic_write(marker, json.dumps(info, indent=1) + "\n")
-        with open(root / "builds.log", "a") as log:
-            log.write(f"{name}-{key[:16]} {os.getpid()} {info['seconds']}\n")
+    recorded = {
+        k: v for k, v in parts.items() if not k.startswith(("src:", "hdr:")) and k != "plan"
+    }
+    job = _Job(name, key, description or f"{name} ({arch})", recorded, plan)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with entry_lock(lock_path(directory), on_wait=job.waiting):
+            return _build_entry(job, directory, library, sources, headers, flags, cuda)
+    except OSError as err:  # the cache's own files; the compiler's failures are BuildErrors
+        raise BuildError(str(cache_error(root, err))) from None
+
+
+@dataclass(frozen=True)
+class _Job:
+    """What a build records in its manifest and says on stderr, besides its sources."""
+
+    name: str
+    key: str
+    description: str
+    parts: dict[str, str]
+    plan: Mapping[str, Any] | None
+
+    def waiting(self) -> None:
+        _progress(f"waiting for another build of {self.description}…")
+
+
+def _progress(message: str) -> None:
+    """One line on stderr about a build, unless ``RNNCC_QUIET``."""
+    if not get_config().quiet:
+        print(f"rnncc: {message}", file=sys.stderr, flush=True)
+
+
+def _build_entry(
+    job: _Job,
+    directory: Path,
+    library: Path,
+    sources: Mapping[str, str],
+    headers: Sequence[Path],
+    flags: list[str],
+    cuda: bool,
+) -> Path:
+    """The build proper, under the entry's lock: re-check, clean, compile, record."""
+    try:
+        if check_entry(directory, library.name) is not None:  # built meanwhile by another
+            return library
+    except DamagedEntryError as err:
+        warnings.warn(f"rnncc: {err}; rebuilding it", RnnccWarning, stacklevel=3)
+        # From scratch: ninja would take a damaged library newer than its inputs as built.
+        shutil.rmtree(directory)
+    # No other rnncc build of this entry runs while we hold its lock, so torch's baton file
+    # here is a killed build's (torch would wait for it forever), and so is a library without
+    # a manifest (possibly half-written). Ninja reruns any step its log does not show done.
+    for stale in (directory / "lock", library):
+        with contextlib.suppress(FileNotFoundError):
+            stale.unlink()
+    directory.mkdir(exist_ok=True)
+    paths = []
+    for fname, text in sources.items():
+        atomic_write(directory / fname, text)
+        paths.append(str(directory / fname))
+    for header in headers:
+        atomic_write(directory / header.name, header.read_text())
+    _progress(f"building {job.description}…")
+    started = time.monotonic()
+    _run_build(library.stem, paths, directory, flags, cuda)
+    seconds = round(time.monotonic() - started, 2)
+    manifest = Manifest(
+        name=job.name,
+        key=job.key,
+        library=library.name,
+        size=library.stat().st_size,
+        sha256=file_sha256(library),
+        description=job.description,
+        seconds=seconds,
+        built_at=time.time(),
+        parts=job.parts,
+        plan=job.plan,
+    )
+    write_manifest(directory, manifest)
+    with open(directory.parent / "builds.log", "a") as log:
+        log.write(f"{directory.name} {os.getpid()} {seconds}\n")
+    _progress(f"built {job.description} in {seconds:.1f} s")
     return library
 
 
@@ -216,6 +289,9 @@ def _run_build(
 
     verbose = get_config().verbose
     captured = io.StringIO()
+    # torch skips building a name it has built before in this process and loads the file
+    # left there; after a cleared or damaged entry there is none, or a wrong one.
+    cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(ext_name, None)
     try:
         with _captured_stdout(captured) if not verbose else contextlib.nullcontext():
             cpp_extension.load(

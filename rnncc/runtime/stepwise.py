@@ -65,7 +65,11 @@ def host_library(arch: str) -> Path:
     """Build (or find) and load the generic host loop for ``arch``; checks its ABI."""
     source = (templates_dir() / "stepwise_host.cpp").read_text()
     path = build_library(
-        "rnncc_stepwise_host", {"stepwise_host.cpp": source}, arch=arch, headers=_header_paths()
+        "rnncc_stepwise_host",
+        {"stepwise_host.cpp": source},
+        arch=arch,
+        headers=_header_paths(),
+        description=f"stepwise host loop ({arch})",
     )
     torch.ops.load_library(str(path))
     version = torch.ops.rnncc_host.abi_version()
@@ -79,7 +83,11 @@ def build_cell_library(cell: Cell, bwd: BackwardCell, arch: str) -> Path:
     src = generate_stepwise(cell, bwd)
     dump(cell.name, "stepwise.cu", src.text)
     return build_library(
-        f"rnncc_{cell.name}_stepwise", {src.filename: src.text}, arch=arch, headers=_header_paths()
+        f"rnncc_{cell.name}_stepwise",
+        {src.filename: src.text},
+        arch=arch,
+        headers=_header_paths(),
+        description=f"{cell.name} stepwise kernels ({arch})",
     )
 
 
@@ -171,6 +179,7 @@ class FusedOps(_CellOps):
             {src.filename: src.text},
             arch=arch,
             headers=_header_paths(),
+            description=f"{cell.name} fused kernels (head dim {D}, {arch})",
         )
         self._lib, (fwd, bwd_fn) = _launchers(path, "rnncc_fused_forward", "rnncc_fused_backward")
         name = f"{cell.name}_fused_{_key(path)}"

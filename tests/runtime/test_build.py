@@ -1,9 +1,18 @@
-"""The build cache: content keys, one build under concurrency, and BuildError messages."""
+"""The build cache: content keys, one build under concurrency, manifests and damaged entries,
+killed builds, an unwritable cache, progress lines, BuildError messages, and the checks
+``rnncc compile --prebuild`` makes before it writes anything."""
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import hashlib
+import json
 import os
+import re
 import shutil
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -11,10 +20,14 @@ from pathlib import Path
 
 import pytest
 
+from rnncc.cli import main
 from rnncc.config import override
-from rnncc.errors import BuildError
+from rnncc.errors import BuildError, RnnccWarning
 from rnncc.runtime import build
 from rnncc.runtime.build import arch_flags, build_library, cache_key
+from rnncc.runtime.cache import check_entry
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_cache_key_is_stable_and_content_addressed():
@@ -130,3 +143,256 @@ def test_builds_in_threads_capture_only_their_own_prints(tmp_path, monkeypatch, 
             f"lib{k}.cu(1): error: first",
             f"lib{k}.cu(2): error: second",
         ]
+
+
+def test_the_manifest_records_the_library_its_size_hash_key_parts_and_plan(tmp_path, monkeypatch):
+    _fake_builds(monkeypatch, delay=0)
+    with override(cache_dir=tmp_path, quiet=True):
+        lib = build_library("cell", {"cell.cu": "// one"}, arch="sm_90a", plan={"warps": 4})
+        assert build_library("cell", {"cell.cu": "// one"}, arch="sm_90a", plan={"warps": 8}) != lib
+    manifest = check_entry(lib.parent)
+    assert manifest is not None
+    assert (manifest.name, manifest.library, manifest.size) == ("cell", lib.name, 4)
+    assert manifest.sha256 == hashlib.sha256(b"\x7fELF").hexdigest()
+    assert lib.parent.name == f"cell-{manifest.key[:16]}"
+    assert manifest.plan == {"warps": 4}
+    assert dict(manifest.parts) == {
+        "arch": "sm_90a",
+        "flags": " ".join(build.NVCC_FLAGS + tuple(arch_flags("sm_90a")) + build.CXX_FLAGS),
+        "manifest": "1",
+    }
+    assert json.loads((lib.parent / "BUILT").read_text())["format"] == 1
+
+
+DAMAGES = {
+    # A new file rather than a write into the old one: a library some process maps stays whole.
+    "truncated": lambda lib: _replace(lib, b"\x7f"),
+    "same size": lambda lib: _replace(lib, b"\x7fELG"),
+    "missing": lambda lib: lib.unlink(),
+    "manifest": lambda lib: (lib.parent / "BUILT").write_text("garbage"),
+}
+
+
+def _replace(path: Path, data: bytes) -> None:
+    tmp = path.with_name("new")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("damage", DAMAGES)
+def test_a_damaged_entry_is_rebuilt_with_a_one_line_warning(tmp_path, monkeypatch, damage):
+    calls = _fake_builds(monkeypatch, delay=0)
+    with override(cache_dir=tmp_path, quiet=True):
+        lib = build_library("cell", {"cell.cu": "// one"}, arch="sm_90a")
+        DAMAGES[damage](lib)
+        with pytest.warns(RnnccWarning) as record:
+            assert build_library("cell", {"cell.cu": "// one"}, arch="sm_90a") == lib
+        assert build_library("cell", {"cell.cu": "// one"}, arch="sm_90a") == lib
+    entry = f"rnncc: cache entry {lib.parent}"
+    why = {
+        "truncated": f"{entry}: {lib.name} has size 1, its manifest records 4",
+        "same size": f"{entry}: {lib.name} differs from its manifest's sha256",
+        "missing": f"{entry}: {lib.name} is missing (No such file or directory)",
+        "manifest": f"{entry} has a malformed manifest (Expecting value: line 1 column 1 (char 0))",
+    }[damage]
+    assert [str(w.message) for w in record] == [f"{why}; rebuilding it"]
+    assert len(calls) == 2
+    assert lib.read_bytes() == b"\x7fELF" and check_entry(lib.parent) is not None
+
+
+def test_progress_lines_on_stderr_unless_quiet(tmp_path, monkeypatch, capsys):
+    _fake_builds(monkeypatch, delay=0)
+    what = "lstm stepwise kernels (sm_90a)"
+    with override(cache_dir=tmp_path, quiet=False):
+        build_library("cell", {"cell.cu": "// one"}, arch="sm_90a", description=what)
+        build_library("cell", {"cell.cu": "// one"}, arch="sm_90a", description=what)  # cached
+        out, err = capsys.readouterr()
+        assert out == ""
+        assert re.fullmatch(
+            rf"rnncc: building {re.escape(what)}…\nrnncc: built {re.escape(what)} in \d+\.\d s\n",
+            err,
+        )
+        build_library("cell", {"cell.cu": "// two"}, arch="sm_90a")  # named by default
+        assert capsys.readouterr().err.splitlines()[0] == "rnncc: building cell (sm_90a)…"
+    with override(cache_dir=tmp_path, quiet=True):
+        build_library("cell", {"cell.cu": "// three"}, arch="sm_90a")
+    assert capsys.readouterr() == ("", "")
+
+
+@pytest.mark.parametrize("where", ["under a file", "a file"])
+def test_an_unwritable_cache_says_what_failed_and_what_to_do(tmp_path, monkeypatch, where):
+    _fake_builds(monkeypatch, delay=0)
+    (tmp_path / "file").write_text("")
+    root = tmp_path / "file" / "cache" if where == "under a file" else tmp_path / "file"
+    with override(cache_dir=root), pytest.raises(BuildError) as info:
+        build_library("cell", {"cell.cu": "// one"}, arch="sm_90a")
+    assert str(info.value) == (
+        f"cannot write the kernel cache at {root} (Not a directory): "
+        "set RNNCC_CACHE_DIR to a writable folder"
+    )
+
+
+def test_a_read_only_cache_still_serves_its_built_entries(tmp_path, monkeypatch):
+    _fake_builds(monkeypatch, delay=0)
+    with override(cache_dir=tmp_path, quiet=True):
+        lib = build_library("cell", {"cell.cu": "// one"}, arch="sm_90a")
+
+        def read_only(*args, **kwargs):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+        # Every way the build path writes starts with the folder or the lock.
+        monkeypatch.setattr(Path, "mkdir", read_only)
+        monkeypatch.setattr(build, "entry_lock", read_only)
+        assert build_library("cell", {"cell.cu": "// one"}, arch="sm_90a") == lib
+        with pytest.raises(BuildError) as info:
+            build_library("cell", {"cell.cu": "// two"}, arch="sm_90a")
+    assert str(info.value) == (
+        f"cannot write the kernel cache at {tmp_path} (Read-only file system): "
+        "set RNNCC_CACHE_DIR to a writable folder"
+    )
+
+
+# ---- real builds of C++ libraries (g++, no CUDA) -----------------------------------------
+
+TINY = 'extern "C" int answer() { return 42; }\n'
+# Enough optimised functions for g++ to take a few seconds, so the build can be killed midway.
+SLOW = (
+    "".join(
+        f"long g{i}(long x) {{ for (int k = 0; k < {i % 13 + 3}; ++k) "
+        f"x = x * {i} + (x >> 3) ^ {i * 7}; return x; }}\n"
+        for i in range(1500)
+    )
+    + 'extern "C" long answer() { return g1(1); }\n'
+)
+BUILD_SCRIPT = """
+import sys
+from pathlib import Path
+from rnncc.runtime.build import build_library
+source = Path(sys.argv[1]).read_text()
+print(build_library("slow", {"slow.cpp": source}, arch="sm_90a", cuda=False))
+"""
+
+
+def _needs_compiler() -> None:
+    if shutil.which("c++") is None and shutil.which("g++") is None:
+        pytest.skip("no C++ compiler here")
+
+
+@pytest.mark.slow
+def test_a_build_killed_midway_does_not_hang_the_next(tmp_path):
+    """torch's baton file (``lock`` in the entry) outlives a killed build; the next build of
+    the same library used to wait for it forever."""
+    _needs_compiler()
+    cache = tmp_path / "cache"
+    source = tmp_path / "slow.cpp"
+    source.write_text(SLOW)
+    env = dict(os.environ, RNNCC_CACHE_DIR=str(cache), RNNCC_QUIET="1", PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-c", BUILD_SCRIPT, str(source)]
+    # Its own session, so the kill takes ninja and the compiler too (as Ctrl-C or a job
+    # scheduler's timeout does).
+    first = subprocess.Popen(cmd, env=env, start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not list(cache.glob("slow-*/lock")):
+            assert first.poll() is None, "the build ended before it could be killed"
+            assert time.monotonic() < deadline, "torch's baton never appeared"
+            time.sleep(0.01)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert list(cache.glob("slow-*/lock")), "the build finished before the kill"
+    assert not list(cache.glob("slow-*/BUILT"))
+    try:
+        again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the build after a killed one hung (torch's stale baton file)")
+    assert again.returncode == 0, again.stderr
+    library = Path(again.stdout.strip())
+    assert check_entry(library.parent) is not None
+    assert not (library.parent / "lock").exists()
+
+
+@pytest.mark.slow
+def test_a_library_cleared_from_the_cache_is_rebuilt_in_the_same_process(tmp_path):
+    """torch remembers the libraries it built in this process and would skip the build."""
+    _needs_compiler()
+    with override(cache_dir=tmp_path, quiet=True):
+        first = build_library("tiny", {"tiny.cpp": TINY}, arch="sm_90a", cuda=False)
+        shutil.rmtree(first.parent)
+        again = build_library("tiny", {"tiny.cpp": TINY}, arch="sm_90a", cuda=False)
+    assert again == first and check_entry(again.parent) is not None
+    assert ctypes.CDLL(str(again)).answer() == 42
+
+
+# ---- rnncc compile --prebuild: checks before anything is written --------------------------
+
+
+def _prebuild(capsys, tmp_path: Path, *extra: str) -> tuple[int, str, str]:
+    lstm = str(REPO / "examples" / "lstm.rnn")
+    rc = main(["compile", lstm, "-o", str(tmp_path / "pkg"), "--prebuild", *extra])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.fixture
+def cuda_toolchain(monkeypatch):
+    """As if torch were a CUDA build and nvcc installed (on a machine with neither)."""
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr("torch.utils.cpp_extension.CUDA_HOME", "/usr/local/cuda")
+
+
+def test_prebuild_with_a_cpu_torch_says_so_and_writes_nothing(capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", None)
+    rc, out, err = _prebuild(capsys, tmp_path, "--arch", "sm_90a")
+    assert (rc, out) == (1, "")
+    assert err == (
+        f"rnncc: error: this torch ({torch.__version__}) is a CPU build: "
+        "--prebuild needs a CUDA build of torch\n"
+    )
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_prebuild_without_nvcc_says_so_and_writes_nothing(capsys, tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    monkeypatch.setattr("torch.utils.cpp_extension.CUDA_HOME", None)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    rc, out, err = _prebuild(capsys, tmp_path, "--arch", "sm_90a")
+    assert (rc, out) == (1, "")
+    assert err == (
+        "rnncc: error: no CUDA compiler: nvcc is not on PATH and CUDA_HOME is not set; "
+        "--prebuild needs the CUDA toolkit\n"
+    )
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_prebuild_without_a_gpu_or_arch_writes_nothing(
+    capsys, tmp_path, monkeypatch, cuda_toolchain
+):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setenv("RNNCC_CACHE_DIR", str(tmp_path / "cache"))
+    rc, out, err = _prebuild(capsys, tmp_path)
+    assert (rc, out) == (1, "")
+    assert err == ("rnncc: error: no CUDA device here: name the target with --arch (e.g. sm_90a)\n")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_prebuild_into_an_unwritable_cache_writes_nothing(
+    capsys, tmp_path, monkeypatch, cuda_toolchain
+):
+    (tmp_path / "file").write_text("")
+    monkeypatch.setenv("RNNCC_CACHE_DIR", str(tmp_path / "file" / "cache"))
+    rc, out, err = _prebuild(capsys, tmp_path, "--arch", "sm_90a")
+    assert (rc, out) == (1, "")
+    assert err == (
+        f"rnncc: error: cannot write the kernel cache at {tmp_path / 'file' / 'cache'} "
+        "(Not a directory): set RNNCC_CACHE_DIR to a writable folder\n"
+    )
+    assert not (tmp_path / "pkg").exists()
