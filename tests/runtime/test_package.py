@@ -437,3 +437,13 @@ def test_windows_and_odd_paths_import(tmp_path: Path, path: str) -> None:
     pkg = import_package(write_package(cell.ir, tmp_path / "winpkg"))
     assert path == pkg.SOURCE_PATH and pkg.CELL_NAME == "elman"
     assert pkg.cell.ir == cell.ir and pkg.cell.ir.source.path == path
+
+
+def test_docs_show_the_refusal_the_tool_prints(tmp_path: Path, monkeypatch, capsys) -> None:
+    doc = (REPO / "docs" / "compile.md").read_text(encoding="utf-8")
+    shown = next(line.strip() for line in doc.splitlines() if "not an rnncc package" in line)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "build" / "lstm_cell").mkdir(parents=True)
+    (tmp_path / "build" / "lstm_cell" / "notes.txt").write_text("mine")
+    assert main(["compile", str(REPO / "examples/lstm.rnn"), "-o", "build/lstm_cell"]) == 1
+    assert capsys.readouterr().err == shown + "\n"
