@@ -48,12 +48,12 @@ from rnncc.runtime.cache import (
     DamagedEntryError,
     Manifest,
     atomic_write,
-    cache_error,
     check_entry,
     entry_dir,
     entry_lock,
     file_sha256,
     lock_path,
+    unusable,
     write_manifest,
 )
 
@@ -153,7 +153,7 @@ def build_library(
         with entry_lock(lock_path(directory), on_wait=job.waiting):
             return _build_entry(job, directory, library, sources, headers, flags, cuda)
     except OSError as err:  # the cache's own files; the compiler's failures are BuildErrors
-        raise BuildError(str(cache_error(root, err))) from None
+        raise BuildError(unusable(root, err)) from None
 
 
 @dataclass(frozen=True)

@@ -274,12 +274,12 @@ class Entry:
         return "pid " + ", ".join(map(str, sorted(self.pids))) if self.pids else ""
 
 
-def cache_error(root: Path, err: OSError, verb: str = "write") -> RnnccError:
-    """The one-line error of a cache that cannot be used, with the way out."""
+def unusable(root: Path, err: OSError, verb: str = "write") -> str:
+    """The one-line message of a cache that cannot be used, with the way out."""
     reason = err.strerror or str(err)
     if isinstance(err, FileExistsError) and not root.is_dir():  # mkdir over a regular file
         reason = os.strerror(errno.ENOTDIR)
-    return RnnccError(
+    return (
         f"cannot {verb} the kernel cache at {root} ({reason}): "
         "set RNNCC_CACHE_DIR to a writable folder"
     )
@@ -287,14 +287,14 @@ def cache_error(root: Path, err: OSError, verb: str = "write") -> RnnccError:
 
 def ensure_writable(root: Path) -> None:
     """Create ``root`` if needed and check that a file can be made there; raises the
-    :func:`cache_error` otherwise (a build checks nothing ahead, it reports what fails)."""
+    error of :func:`unusable` otherwise (a build checks nothing ahead, it reports what fails)."""
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".probe.{os.getpid()}.{threading.get_ident()}"
         probe.touch()
         probe.unlink()
     except OSError as err:
-        raise cache_error(root, err) from None
+        raise RnnccError(unusable(root, err)) from None
 
 
 def list_entries(root: Path) -> list[Entry]:
@@ -304,7 +304,7 @@ def list_entries(root: Path) -> list[Entry]:
     except FileNotFoundError:
         return []
     except OSError as err:
-        raise cache_error(root, err, "read") from None
+        raise RnnccError(unusable(root, err, "read")) from None
     mapped = _mapped_entries(root)
     entries = []
     for name in names:
@@ -355,17 +355,16 @@ def remove_entries(root: Path, entries: Sequence[Entry]) -> tuple[list[Entry], l
         try:
             fd = _try_lock(lock, create=True)
         except OSError as err:
-            raise cache_error(root, err) from None
+            raise RnnccError(unusable(root, err)) from None
         if fd is None:  # a build started since the listing
             kept.append(dataclasses.replace(entry, building=True))
             continue
         try:
-            shutil.rmtree(entry.path)
-            lock.unlink()
-        except FileNotFoundError:
-            pass
+            with contextlib.suppress(FileNotFoundError):
+                shutil.rmtree(entry.path)
+            lock.unlink(missing_ok=True)
         except OSError as err:
-            raise cache_error(root, err) from None
+            raise RnnccError(unusable(root, err)) from None
         finally:
             os.close(fd)
         removed.append(entry)
