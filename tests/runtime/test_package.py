@@ -429,7 +429,8 @@ def test_file_name_with_python_in_it_does_not_run(tmp_path: Path, monkeypatch) -
 
 
 @pytest.mark.parametrize(
-    "path", ["C:\\Users\\new\\cell.rnn", "\\\\server\\x\\N{}\\u.rnn", "a\u2028b\rc.rnn"]
+    "path",
+    ["C:\\Users\\new\\cell.rnn", "\\\\server\\x\\N{}\\u.rnn", "a\u2028b\rc.rnn", "bytes\udcff.rnn"],
 )
 def test_windows_and_odd_paths_import(tmp_path: Path, path: str) -> None:
     """A backslash path once made the package a SyntaxError (``\\U`` escape)."""
