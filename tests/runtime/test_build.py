@@ -260,7 +260,7 @@ SLOW = (
     "".join(
         f"long g{i}(long x) {{ for (int k = 0; k < {i % 13 + 3}; ++k) "
         f"x = x * {i} + (x >> 3) ^ {i * 7}; return x; }}\n"
-        for i in range(1500)
+        for i in range(500)
     )
     + 'extern "C" long answer() { return g1(1); }\n'
 )
