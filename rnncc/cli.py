@@ -32,14 +32,15 @@ if TYPE_CHECKING:  # the front end is imported when a command needs it
 
 
 def _read(path: str) -> str:
+    """The file's text. An unreadable file is the tool's error (``rnncc: error: path: cannot
+    read: ...``), not a diagnostic of a source, so it travels as a plain ``RnnccError``."""
+    from rnncc.errors import SourceReadError
+    from rnncc.frontend import read_source
+
     try:
-        return Path(path).read_text(encoding="utf-8")
-    except OSError as err:
-        raise RnnccError(f"{path}: cannot read: {err.strerror or err}") from None
-    except UnicodeDecodeError as err:
-        raise RnnccError(
-            f"{path}: cannot read: not UTF-8 text ({err.reason} at byte {err.start})"
-        ) from None
+        return read_source(path)
+    except SourceReadError as err:
+        raise RnnccError(str(err)) from None
 
 
 def _compile(path: str) -> tuple[list[Cell], list[Diagnostic]]:

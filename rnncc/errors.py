@@ -5,7 +5,8 @@ the source line, a caret under the span); internal errors print the IR that brok
 
     RnnccError
     ├── DslError          errors in a ``.rnn`` source (syntax and semantics), all at once
-    │   └── DslSyntaxError
+    │   ├── DslSyntaxError
+    │   └── SourceReadError  the source file cannot be read (missing, not UTF-8, ...)
     ├── CellSelectionError  no (or an unknown) cell chosen from a file of several (a ValueError)
     ├── TilingError       no tiling plan fits the problem on the device
     ├── BuildError        the generated sources did not compile
@@ -15,6 +16,7 @@ the source line, a caret under the span); internal errors print the IR that brok
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,21 @@ class Source:
     text: str
     path: str = "<string>"
 
+    @cached_property
+    def _lines(self) -> list[str]:
+        return self.text.split("\n")
+
     def line(self, number: int) -> str:
-        lines = self.text.splitlines()
-        return lines[number - 1] if 0 < number <= len(lines) else ""
+        """Line ``number`` (from 1) as the parser counts lines: only ``\\n`` ends one, and a
+        ``\\r`` before it is not part of it; ``""`` past the end."""
+        lines = self._lines
+        return lines[number - 1].removesuffix("\r") if 0 < number <= len(lines) else ""
+
+
+#: A diagnostic shows its source line as one line of the terminal, a column per character as
+#: the parser counts them: tabs and the characters other tools take for line breaks (form
+#: feed, U+2028, ...) print as a space, so that the caret stays under its column.
+_ONE_COLUMN = str.maketrans(dict.fromkeys("\t\v\f\r\x1c\x1d\x1e\x85\u2028\u2029", " "))
 
 
 @dataclass(frozen=True)
@@ -58,7 +72,7 @@ class Diagnostic:
         else:
             sp = self.span
             out = [f"{self.source.path}:{sp.line}:{sp.col}: {self.severity}: {self.message}"]
-            text = self.source.line(sp.line).expandtabs(1)
+            text = self.source.line(sp.line).translate(_ONE_COLUMN)
             out.append(f"    {text}")
             end = sp.end_col if sp.end_line == sp.line else len(text) + 1
             width = max(1, end - sp.col)
@@ -81,6 +95,17 @@ class DslError(RnnccError):
 
 class DslSyntaxError(DslError):
     """The source does not parse; every diagnostic is a syntax error."""
+
+
+class SourceReadError(DslError):
+    """A ``.rnn`` file could not be read: missing, a directory, unreadable, not UTF-8 text.
+    The message is ``path: cannot read: reason``; its one diagnostic has no span."""
+
+    def __init__(self, path: str, reason: str):
+        self.path = path
+        self.reason = reason
+        self.diagnostics = (Diagnostic("error", f"cannot read: {reason}", None, Source("", path)),)
+        RnnccError.__init__(self, f"{path}: cannot read: {reason}")
 
 
 class CellSelectionError(RnnccError, ValueError):

@@ -6,7 +6,8 @@ the shared subexpressions in evaluation order, and one C expression per root.
 
 Rendering: precedence-aware parentheses (C's precedence for ``+ - * /``, unary minus and
 comparisons matches the language's), float literals with an ``f`` suffix (no silent double
-math), ``INFINITY`` for inf, the op table's CUDA spelling for every function (device helpers
+math), ``INFINITY`` for inf, temporaries for subexpressions nested deeper than
+``MAX_DEPTH``, the op table's CUDA spelling for every function (device helpers
 in ``templates/rnncc_ops.cuh``), ``pow`` with a small integer exponent as a product, and
 user-derived identifiers with a prefix (``v_logf``) so they can never collide with C++
 keywords or the kernel's own variables. The same IR always renders to the same bytes.
@@ -17,37 +18,49 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from string import Formatter
 
 from rnncc.ir.node import Node
 from rnncc.ir.ops import OPS, PREC_ATOM, PREC_MUL, PREC_NEG
 from rnncc.ir.schedule import NameAllocator, schedule
+from rnncc.ir.simplify import to_float32
+
+#: Operators one rendered C expression may nest; deeper ones are split into temporaries, so
+#: that a sum of thousands of terms does not become one expression that nvcc parses slowly.
+MAX_DEPTH = 64
 
 
 def cuda_float(value: float) -> str:
-    """A float32 C literal for ``value``."""
-    if math.isinf(value):
-        return "INFINITY" if value > 0 else "(-INFINITY)"
+    """A float32 C literal for ``value``. A value float32 cannot hold (the front end neither
+    accepts nor folds into one, but IR built otherwise may) is written as what float32 makes
+    of it, inf or 0: C++ does not allow a float literal out of float's range."""
     if math.isnan(value):
         return "NAN"
+    single = to_float32(value)
+    if math.isinf(single):
+        return "INFINITY" if value > 0 else "(-INFINITY)"
+    if single == 0.0:
+        value = single
     text = repr(float(value))
     if "e" not in text and "." not in text:
         text += ".0"
     return f"{text}f"
 
 
-def _pow_text(base: str, exponent: float) -> tuple[str, int]:
-    """``base ** exponent`` in C; small integer exponents become products (exact like torch)."""
+def _pow_pieces(exponent: float) -> tuple[list[str | None], int]:
+    """``base ** exponent`` in C as literal pieces, ``None`` where the base goes, and its
+    precedence; small integer exponents become products (exact like torch)."""
     if exponent == 0.0:
-        return "1.0f", PREC_ATOM
+        return ["1.0f"], PREC_ATOM
     if exponent == 1.0:
-        return base, PREC_ATOM
+        return [None], PREC_ATOM
     if exponent == 0.5:
-        return f"sqrtf({base})", PREC_ATOM
+        return ["sqrtf(", None, ")"], PREC_ATOM
     if exponent.is_integer() and 2 <= exponent <= 4:
-        return " * ".join([base] * int(exponent)), PREC_MUL
+        return [None, *[" * ", None] * (int(exponent) - 1)], PREC_MUL
     if exponent == -1.0:
-        return f"(1.0f / {base})", PREC_ATOM
-    return f"powf({base}, {cuda_float(exponent)})", PREC_ATOM
+        return ["(1.0f / ", None, ")"], PREC_ATOM
+    return ["powf(", None, f", {cuda_float(exponent)})"], PREC_ATOM
 
 
 @dataclass(frozen=True)
@@ -76,27 +89,47 @@ class CudaRenderer:
         return PREC_ATOM if row.kind == "call" else row.prec
 
     def expr(self, node: Node, *, top: bool = False) -> str:
-        if not top and node in self.names:
-            return self.names[node]
+        """``node`` as a C expression, written out piece by piece from an explicit stack: a
+        sum of thousands of terms is a tree thousands of levels deep."""
+        out: list[str] = []
+        # What remains to write, the next piece last.
+        stack: list[Node | str] = self._pieces(node)[::-1] if top else [node]
+        while stack:
+            item = stack.pop()
+            if isinstance(item, str):
+                out.append(item)
+            elif item in self.names:
+                out.append(self.names[item])
+            else:
+                stack.extend(reversed(self._pieces(item)))
+        return "".join(out)
+
+    def _pieces(self, node: Node) -> list[Node | str]:
+        """``node``'s C as literal pieces and operands still to be written."""
         if node.op == "const":
-            return cuda_float(node.arg)
+            return [cuda_float(node.arg)]
         if node.is_leaf:
-            return self.leaf(node)
+            return [self.leaf(node)]
         row = OPS[node.op]
         if node.op == "pow":
             base = self.sub(node.src[0], PREC_ATOM)
-            return _pow_text(base, float(node.arg))[0]
+            pieces, _ = _pow_pieces(float(node.arg))
+            return [q for p in pieces for q in (base if p is None else [p])]
         if row.kind == "call":
-            args = [self.expr(s) for s in node.src]
-            return row.cuda.format(*args)
+            parts: list[Node | str] = []
+            for literal, field, _, _ in Formatter().parse(row.cuda):
+                parts.append(literal)
+                if field is not None:
+                    parts.append(node.src[int(field)])
+            return parts
         if row.kind == "prefix":
-            return f"-{self.sub(node.src[0], PREC_NEG + 1)}"
+            return ["-", *self.sub(node.src[0], PREC_NEG + 1)]
         left, right = node.src
-        return f"{self.sub(left, row.prec)} {row.cuda} {self.sub(right, row.prec + 1)}"
+        return [*self.sub(left, row.prec), f" {row.cuda} ", *self.sub(right, row.prec + 1)]
 
-    def sub(self, node: Node, min_prec: int) -> str:
-        text = self.expr(node)
-        return f"({text})" if self.prec(node) < min_prec else text
+    def sub(self, node: Node, min_prec: int) -> list[Node | str]:
+        """``node`` as an operand that binds at least as tightly as ``min_prec``."""
+        return ["(", node, ")"] if self.prec(node) < min_prec else [node]
 
 
 def render_body(
@@ -107,7 +140,7 @@ def render_body(
 ) -> CudaBody:
     """Schedule ``roots`` and render them; see the module docstring. Temporaries are named
     ``prefix`` + the user's name (or ``t<n>``); leaves must use other prefixes."""
-    sched = schedule(roots, NameAllocator())
+    sched = schedule(roots, NameAllocator(), max_depth=MAX_DEPTH)
     names = {node: prefix + name for node, name in sched.names.items()}
     r = CudaRenderer(leaf, names)
     lines = tuple(

@@ -8,16 +8,16 @@ diagnostic; warnings are returned beside the cells.
 from __future__ import annotations
 
 from pathlib import Path
-from pprint import pformat
 
 from rnncc.config import get_config
 from rnncc.dump import dump
-from rnncc.errors import CellSelectionError, Diagnostic, Source
+from rnncc.errors import CellSelectionError, Diagnostic, Source, SourceReadError
+from rnncc.frontend.ast import format_cell
 from rnncc.frontend.lower import lower
 from rnncc.frontend.parse import parse
 from rnncc.ir.cell import Cell
 
-__all__ = ["compile_file", "compile_source", "select_cell"]
+__all__ = ["compile_file", "compile_source", "read_source", "select_cell"]
 
 
 def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[Diagnostic]]:
@@ -29,14 +29,29 @@ def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[
         from rnncc.ir.printer import print_cell
 
         for cell_def, cell in zip(module.cells, cells, strict=True):
-            dump(cell.name, "ast.txt", pformat(cell_def, width=100))
+            dump(cell.name, "ast.txt", format_cell(cell_def))
             dump(cell.name, "ir.rnn", print_cell(cell))
     return cells, diagnostics
 
 
+def read_source(path: str | Path) -> str:
+    """The text of a ``.rnn`` file (UTF-8; ``\\r\\n`` and ``\\r`` read as ``\\n``). Raises
+    ``SourceReadError`` (``path: cannot read: reason``) when it cannot be read; the CLI and
+    ``rnncc.load`` both read through here, so they say the same."""
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except OSError as err:
+        raise SourceReadError(str(path), err.strerror or str(err)) from None
+    except UnicodeDecodeError as err:
+        reason = f"not UTF-8 text ({err.reason} at byte {err.start})"
+        raise SourceReadError(str(path), reason) from None
+    except ValueError as err:  # a path with a NUL character
+        raise SourceReadError(str(path), str(err)) from None
+
+
 def compile_file(path: str | Path) -> tuple[list[Cell], list[Diagnostic]]:
     """``compile_source`` of a file's contents, reported under the path as given."""
-    return compile_source(Path(path).read_text(encoding="utf-8"), str(path))
+    return compile_source(read_source(path), str(path))
 
 
 def select_cell(cells: list[Cell], name: str | None, where: str, *, how: str) -> Cell:

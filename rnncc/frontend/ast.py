@@ -21,8 +21,12 @@ class Ident:
 # ---- expressions -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Number:
+    """A number as written (``text``, with its sign in a declaration) and its float64 value;
+    the lowering checks that the kernels' float32 can hold it."""
+
     value: float
     span: Span
+    text: str
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ class Projection:
 @dataclass(frozen=True)
 class InitItem:
     name: Ident
-    value: float | None
+    value: Number | None
     span: Span
 
 
@@ -129,3 +133,56 @@ class CellDef:
 @dataclass(frozen=True)
 class Module:
     cells: tuple[CellDef, ...]
+
+
+# ---- text, for RNNCC_DUMP_DIR ------------------------------------------------------------
+def format_expr(e: Expr) -> str:
+    """``e`` in surface syntax with every operation in parentheses, so that the text shows how
+    the source parsed. Written from an explicit stack: a long sum nests thousands deep."""
+    out: list[str] = []
+    stack: list[Expr | str] = [e]  # what remains to write, the next piece last
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif isinstance(item, Number):
+            out.append(item.text)
+        elif isinstance(item, Name):
+            out.append(item.ident.name)
+        elif isinstance(item, Neg):
+            stack += [")", item.operand, "(-"]
+        elif isinstance(item, Binary | Compare):
+            stack += [")", item.right, f" {item.op} ", item.left, "("]
+        else:
+            pieces: list[Expr | str] = [f"{item.func.name}("]
+            for i, arg in enumerate(item.args):
+                pieces += [", ", arg] if i else [arg]
+            stack += reversed([*pieces, ")"])
+    return "".join(out)
+
+
+def format_cell(cell: CellDef) -> str:
+    """The syntax tree of one cell as text: a line per declaration and statement, with its
+    span; expressions as ``format_expr`` writes them."""
+
+    def init(item: InitItem) -> str:
+        value = "" if item.value is None else f" = {item.value.text}"
+        return f"{item.name.name}{value} @{item.span!r}"
+
+    lines = [f"CellDef {cell.name.name} @{cell.span!r}", "  states:"]
+    lines += [f"    InitItem {init(s)}" for s in cell.states]
+    lines.append("  body:")
+    for stmt in cell.body:
+        at = f"@{stmt.span!r}"
+        if isinstance(stmt, Projection):
+            terms = " + ".join(" ".join(w.name for w in t.words) for t in stmt.terms)
+            names = ", ".join(n.name for n in stmt.names)
+            lines.append(f"    Projection {stmt.keyword} {names} = {terms} {at}")
+        elif isinstance(stmt, ParamDecl | ConstDecl):
+            items = ", ".join(init(i) for i in stmt.items)
+            lines.append(f"    {type(stmt).__name__} {items} {at}")
+        elif isinstance(stmt, OutputDecl):
+            lines.append(f"    OutputDecl {', '.join(n.name for n in stmt.names)} {at}")
+        else:
+            lines.append(f"    Assign {stmt.target.name} = {format_expr(stmt.value)} {at}")
+    return "\n".join(lines) + "\n"

@@ -10,8 +10,9 @@ temporaries, cells); projection statements after an assignment; projection terms
 different states); unknown names and functions (with a "did you mean"); wrong arity;
 comparisons outside the first argument of ``where``; a non-constant ``**`` exponent; a state
 never assigned or assigned twice; assignments to gates, params or consts; ``const`` without a
-value; bad ``output`` lists; expressions nested too deeply for Python's stack. Warnings:
-gates, params and temporaries never used.
+value; bad ``output`` lists; numbers that float32 would hold as inf or 0. Warnings: gates,
+params and temporaries never used. Expressions are walked iteratively, so their depth has no
+limit.
 
 Semantics: statements run in order, so a state read before its assignment is the previous
 step's value (a ``state`` leaf) and after it the new value (the assigned expression).
@@ -21,6 +22,9 @@ Temporaries and consts are substituted; the result is folded and CSE'd.
 from __future__ import annotations
 
 import difflib
+import math
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from rnncc.errors import Diagnostic, DslError, Source, Span
@@ -28,7 +32,7 @@ from rnncc.frontend import ast
 from rnncc.ir.cell import Cell, Const, Param, Projection, State
 from rnncc.ir.node import Node, toposort
 from rnncc.ir.ops import BINARY, COMPARISONS, FUNCTIONS
-from rnncc.ir.simplify import canonicalize
+from rnncc.ir.simplify import canonicalize, to_float32
 
 #: Names the language reserves beyond the lexer's keywords, and why.
 RESERVED_NAMES = {
@@ -67,6 +71,10 @@ class _CellLowering:
         self.consts: list[Const] = []
         self.recurrent: tuple[str, Span] | None = None
         self.outputs: tuple[str, ...] | None = None
+        self.bound_at: dict[str, Span] = {}  # name -> where an assignment first binds it
+        for stmt in cell.body:
+            if isinstance(stmt, ast.Assign):
+                self.bound_at.setdefault(stmt.target.name, stmt.target.span)
 
     # ---- diagnostics ---------------------------------------------------------------------
     def error(self, span: Span | None, message: str, *notes: str) -> None:
@@ -99,8 +107,8 @@ class _CellLowering:
     def run(self) -> Cell | None:
         cell = self.cell
         for item in cell.states:
+            init = self.init_value(item)
             if self.declare(item.name, "state"):
-                init = 0.0 if item.value is None else item.value
                 self.states.append(State(item.name.name, init))
                 self.env[item.name.name] = Node("state", (), item.name.name)
         if not cell.states:
@@ -200,10 +208,14 @@ class _CellLowering:
         )
         return None
 
+    def init_value(self, item: ast.InitItem) -> float:
+        """The declared initial value of a state or param (0 when none is written)."""
+        return 0.0 if item.value is None else self.number(item.value)
+
     def param_decl(self, stmt: ast.ParamDecl) -> None:
         for item in stmt.items:
+            init = self.init_value(item)
             if self.declare(item.name, "param"):
-                init = 0.0 if item.value is None else item.value
                 self.params.append(Param(item.name.name, init))
                 self.env[item.name.name] = Node("param", (), item.name.name)
 
@@ -216,9 +228,10 @@ class _CellLowering:
                     f"write: const {item.name.name} = 1.0",
                 )
                 continue
+            value = self.number(item.value)
             if self.declare(item.name, "const"):
-                self.consts.append(Const(item.name.name, item.value))
-                self.env[item.name.name] = Node("const", (), item.value)
+                self.consts.append(Const(item.name.name, value))
+                self.env[item.name.name] = Node("const", (), value)
 
     def output_decl(self, stmt: ast.OutputDecl) -> None:
         if self.outputs is not None:
@@ -276,14 +289,36 @@ class _CellLowering:
             )
 
     # ---- expressions ---------------------------------------------------------------------
-    def expr(self, e: ast.Expr, *, compare_ok: bool = False) -> Node:
-        bad = Node("const", (), 0.0)
+    def expr(self, root: ast.Expr) -> Node:
+        """Check and lower one expression. The syntax tree is walked with an explicit stack of
+        work (a sum of thousands of terms nests thousands deep): each node is checked when it
+        is reached, and built once its operands are."""
+        done: list[Node] = []  # lowered operands, the latest last
+        work: list[tuple[ast.Expr, bool] | _Build] = [(root, False)]
+        while work:
+            item = work.pop()
+            if isinstance(item, _Build):
+                start = len(done) - item.arity
+                args = tuple(done[start:])
+                del done[start:]
+                done.append(item.build(args))
+                continue
+            step = self.visit(*item)
+            if isinstance(step, Node):
+                done.append(step)
+            else:
+                work.append(step)
+                work.extend(reversed(step.operands))
+        return done[0]
+
+    def visit(self, e: ast.Expr, compare_ok: bool) -> Node | _Build:
+        """``e`` itself checked: a leaf's node, or how to build ``e`` from its operands."""
         if isinstance(e, ast.Number):
-            return Node("const", (), e.value, span=e.span)
+            return Node("const", (), self.number(e), span=e.span)
         if isinstance(e, ast.Name):
-            return self.name(e.ident) or bad
+            return self.name(e.ident) or _BAD
         if isinstance(e, ast.Neg):
-            return Node("neg", (self.expr(e.operand),), span=e.span)
+            return _Build.of(lambda a: Node("neg", a, span=e.span), e.operand)
         if isinstance(e, ast.Compare):
             if not compare_ok:
                 self.error(
@@ -292,21 +327,52 @@ class _CellLowering:
                     "for example: where(n == 0, a, b)",
                 )
             op = COMPARISONS[e.op].name
-            return Node(op, (self.expr(e.left), self.expr(e.right)), span=e.span)
+            return _Build.of(lambda a: Node(op, a, span=e.span), e.left, e.right)
         if isinstance(e, ast.Binary):
-            left = self.expr(e.left)
-            right = self.expr(e.right)
             if e.op == "**":
-                folded = canonicalize([right])[0]
-                if folded.op != "const":
-                    self.error(
-                        e.right.span,
-                        "the exponent of '**' must be a constant (a number or a const)",
-                    )
-                    return bad
-                return Node("pow", (left,), float(folded.arg), span=e.span)
-            return Node(BINARY[e.op].name, (left, right), span=e.span)
+                return _Build.of(lambda a: self.power(e, *a), e.left, e.right)
+            op = BINARY[e.op].name
+            return _Build.of(lambda a: Node(op, a, span=e.span), e.left, e.right)
         return self.call(e)
+
+    def number(self, num: ast.Number) -> float:
+        """The value of a number, which must not become inf or 0 where the kernels hold it."""
+        if num.text.lstrip("+-") == "inf":
+            return num.value
+        single = to_float32(num.value)  # float64 made it inf or 0 already if it is that far out
+        mantissa = re.split("[eE]", num.text)[0]
+        if math.isinf(single):
+            self.error(
+                num.span,
+                f"number '{num.text}' is too large for float32: it would be inf",
+                "the kernels compute in float32 (largest finite value about 3.4e38); "
+                "write inf for infinity",
+            )
+        elif single == 0.0 and re.search("[1-9]", mantissa):
+            self.error(
+                num.span,
+                f"number '{num.text}' is too close to zero for float32: it would be 0",
+                "the kernels compute in float32 (smallest positive value about 1.4e-45); "
+                "write 0 for zero",
+            )
+        return num.value
+
+    def power(self, e: ast.Binary, base: Node, exponent: Node) -> Node:
+        folded = canonicalize([exponent])[0]
+        if folded.op != "const":
+            if all(n.op == "const" for n in toposort([folded]) if n.is_leaf):
+                self.error(
+                    e.right.span,
+                    "the exponent of '**' must fold to a number; this one is NaN, or float32 "
+                    "would make it inf or 0",
+                )
+            else:
+                self.error(
+                    e.right.span,
+                    "the exponent of '**' must be a constant (a number or a const)",
+                )
+            return _BAD
+        return Node("pow", (base,), float(folded.arg), span=e.span)
 
     def name(self, ident: ast.Ident) -> Node | None:
         name = ident.name
@@ -317,19 +383,15 @@ class _CellLowering:
         if decl is None or name not in self.env:
             visible = [n for n in self.env if n not in RESERVED_NAMES]
             notes = _did_you_mean(name, visible)
-            later = next(
-                (s for s in self.cell.body if isinstance(s, ast.Assign) and s.target.name == name),
-                None,
-            )
+            later = self.bound_at.get(name)
             if later is not None:
-                notes += (f"'{name}' is bound later, at {self.at(later.target.span)}",)
+                notes += (f"'{name}' is bound later, at {self.at(later)}",)
             self.error(ident.span, f"unknown name '{name}'", *notes)
             return None
         decl.used = True
         return self.env[name]
 
-    def call(self, e: ast.Call) -> Node:
-        bad = Node("const", (), 0.0)
+    def call(self, e: ast.Call) -> _Build:
         fname = e.func.name
         row = FUNCTIONS.get(fname)
         if row is None:
@@ -343,15 +405,13 @@ class _CellLowering:
                     f"unknown function '{fname}'",
                     *_did_you_mean(fname, list(FUNCTIONS)),
                 )
-            for a in e.args:
-                self.expr(a)
-            return bad
+            return _Build.of(_bad, *e.args)  # the arguments are still checked
         if len(e.args) != row.arity:
             plural = "argument" if row.arity == 1 else "arguments"
             self.error(e.span, f"{fname}() takes {row.arity} {plural}, got {len(e.args)}")
-            for i, a in enumerate(e.args):  # where's condition is no second error
-                self.expr(a, compare_ok=fname == "where" and i == 0)
-            return bad
+            # where's condition is no second error
+            operands = [(a, fname == "where" and i == 0) for i, a in enumerate(e.args)]
+            return _Build(len(operands), _bad, operands)
         if fname == "where":
             cond = e.args[0]
             if not isinstance(cond, ast.Compare):
@@ -360,17 +420,10 @@ class _CellLowering:
                     "the first argument of where() must be a comparison",
                     "for example: where(n == 0, a, b)",
                 )
-                for a in e.args:  # still check them and mark their names used
-                    self.expr(a)
-                return bad
-            args: tuple[Node, ...] = (
-                self.expr(cond, compare_ok=True),
-                self.expr(e.args[1]),
-                self.expr(e.args[2]),
-            )
-        else:
-            args = tuple(self.expr(a) for a in e.args)
-        return Node(row.name, args, span=e.span)
+                return _Build.of(_bad, *e.args)  # still check them and mark their names used
+            operands = [(cond, True), (e.args[1], False), (e.args[2], False)]
+            return _Build(3, lambda a: Node(row.name, a, span=e.span), operands)
+        return _Build.of(lambda a: Node(row.name, a, span=e.span), *e.args)
 
     # ---- result --------------------------------------------------------------------------
     def build(self) -> Cell:
@@ -391,6 +444,27 @@ class _CellLowering:
             outputs=outputs,
             source=self.source,
         )
+
+
+_BAD = Node("const", (), 0.0)  # stands in for an expression with an error
+
+
+def _bad(operands: tuple[Node, ...]) -> Node:
+    return _BAD
+
+
+@dataclass(frozen=True)
+class _Build:
+    """Work of ``_CellLowering.expr``: build a node from the last ``arity`` lowered operands,
+    after lowering ``operands`` (each with whether a comparison is allowed there)."""
+
+    arity: int
+    build: Callable[[tuple[Node, ...]], Node]
+    operands: list[tuple[ast.Expr, bool]]
+
+    @staticmethod
+    def of(build: Callable[[tuple[Node, ...]], Node], *operands: ast.Expr) -> _Build:
+        return _Build(len(operands), build, [(o, False) for o in operands])
 
 
 def _term_text(term: ast.Term) -> str:
@@ -420,15 +494,7 @@ def lower(module: ast.Module, source: Source) -> tuple[list[Cell], list[Diagnost
             )
         seen.setdefault(cell_def.name.name, cell_def.name.span)
         lowering = _CellLowering(cell_def, source)
-        try:
-            cell = lowering.run()
-        except RecursionError:  # the checks recurse over expressions; report, don't crash
-            cell = None
-            lowering.error(
-                cell_def.name.span,
-                f"an expression of cell '{cell_def.name.name}' is nested too deeply",
-                "split it with temporaries: t = a + b + c, then h = t + d",
-            )
+        cell = lowering.run()
         diags.extend(lowering.diags)
         if cell is not None:
             cells.append(cell)

@@ -118,10 +118,11 @@ class _ToAst(Transformer_NonRecursive[Token, ast.Module]):
 
     init_item = state_decl
 
-    def signed_number(self, meta: Meta, children: list[Any]) -> float:
+    def signed_number(self, meta: Meta, children: list[Any]) -> ast.Number:
         sign, tok = children
         value = float("inf") if tok.type == "INF" else _number(tok)
-        return -value if sign is not None and sign == "-" else value
+        value = -value if sign is not None and sign == "-" else value
+        return ast.Number(value, _span(meta), f"{sign or ''}{tok}")
 
     def projection(self, meta: Meta, children: list[Any]) -> ast.Projection:
         kw, *rest = children
@@ -167,10 +168,10 @@ class _ToAst(Transformer_NonRecursive[Token, ast.Module]):
         return ast.Neg(children[0], _span(meta))
 
     def number(self, meta: Meta, children: list[Any]) -> ast.Number:
-        return ast.Number(_number(children[0]), _span(meta))
+        return ast.Number(_number(children[0]), _span(meta), str(children[0]))
 
     def inf(self, meta: Meta, children: list[Any]) -> ast.Number:
-        return ast.Number(float("inf"), _span(meta))
+        return ast.Number(float("inf"), _span(meta), "inf")
 
     def name(self, meta: Meta, children: list[Any]) -> ast.Name:
         return ast.Name(_ident(children[0]))
@@ -206,9 +207,11 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(err, UnexpectedToken):
         tok = err.token
         if tok.type == "$END":
-            # just after the last non-blank text, not on trailing blank lines
-            lines = source.text.rstrip().splitlines() or [""]
-            span = Span(len(lines), len(lines[-1]) + 1, len(lines), len(lines[-1]) + 2)
+            # just after the last non-blank text, not on trailing blank lines; lines end at
+            # '\n' only, as the parser counts them
+            text = source.text.rstrip()
+            line, col = text.count("\n") + 1, len(text) - text.rfind("\n")
+            span = Span(line, col, line, col + 1)
         else:
             span = _span(tok)
             if tok.type == "_SEP":  # point at the end of the line, not at the next one

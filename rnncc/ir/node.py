@@ -67,16 +67,29 @@ class Node:
         return self._hash
 
     def __eq__(self, other: object) -> bool:
+        """Structural equality, walked with an explicit stack: a sum of thousands of terms is
+        a DAG thousands of levels deep. Pairs already matched are not compared again, so
+        shared subexpressions cost once."""
         if self is other:
             return True
-        if not isinstance(other, Node) or self._hash != other._hash:
+        if not isinstance(other, Node):
             return False
-        return (
-            self.op == other.op
-            and _arg_key(self.arg) == _arg_key(other.arg)
-            and len(self.src) == len(other.src)
-            and all(a == b for a, b in zip(self.src, other.src, strict=True))
-        )
+        stack: list[tuple[Node, Node]] = [(self, other)]
+        matched: set[tuple[int, int]] = set()
+        while stack:
+            a, b = stack.pop()
+            if a is b or (id(a), id(b)) in matched:
+                continue
+            if (
+                a._hash != b._hash
+                or a.op != b.op
+                or _arg_key(a.arg) != _arg_key(b.arg)
+                or len(a.src) != len(b.src)
+            ):
+                return False
+            matched.add((id(a), id(b)))
+            stack.extend(zip(a.src, b.src))
+        return True
 
     def __repr__(self) -> str:
         if not self.src:

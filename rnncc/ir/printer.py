@@ -48,30 +48,46 @@ def _prec(node: Node, names: Mapping[Node, str]) -> int:
 def render(
     node: Node, names: Mapping[Node, str], leaf: Callable[[Node], str], *, top: bool = True
 ) -> str:
-    """``node`` as a surface expression; bound subexpressions print as their names."""
-    if not top and node in names:
-        return names[node]
+    """``node`` as a surface expression; bound subexpressions print as their names. Written
+    out piece by piece from an explicit stack: user expressions can nest thousands deep."""
+    out: list[str] = []
+    # What remains to write, the next piece last.
+    stack: list[Node | str] = _pieces(node, names, leaf)[::-1] if top else [node]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            out.append(item)
+        elif item in names:
+            out.append(names[item])
+        else:
+            stack.extend(reversed(_pieces(item, names, leaf)))
+    return "".join(out)
+
+
+def _pieces(node: Node, names: Mapping[Node, str], leaf: Callable[[Node], str]) -> list[Node | str]:
+    """``node``'s text as literal pieces and operands still to be written."""
     if node.op == "const":
-        return format_number(node.arg)
+        return [format_number(node.arg)]
     if node.is_leaf:
-        return leaf(node)
+        return [leaf(node)]
     row = OPS[node.op]
 
-    def sub(child: Node, min_prec: int) -> str:
-        text = render(child, names, leaf, top=False)
-        return f"({text})" if _prec(child, names) < min_prec else text
+    def sub(child: Node, min_prec: int) -> list[Node | str]:
+        return ["(", child, ")"] if _prec(child, names) < min_prec else [child]
 
     if row.kind == "call":
-        return f"{row.symbol}({', '.join(render(s, names, leaf, top=False) for s in node.src)})"
+        parts: list[Node | str] = [f"{row.symbol}("]
+        for i, s in enumerate(node.src):
+            parts += [", ", s] if i else [s]
+        return [*parts, ")"]
     if node.op == "pow":
-        return f"{sub(node.src[0], PREC_POW + 1)} ** {format_number(node.arg)}"
+        return [*sub(node.src[0], PREC_POW + 1), f" ** {format_number(node.arg)}"]
     if row.kind == "prefix":
-        return (
-            f"{row.symbol}{sub(node.src[0], row.prec + 1 if node.src[0].op == 'neg' else row.prec)}"
-        )
+        operand = node.src[0]
+        return [str(row.symbol), *sub(operand, row.prec + 1 if operand.op == "neg" else row.prec)]
     # infix and compare: left-associative
     left, right = node.src
-    return f"{sub(left, row.prec)} {row.symbol} {sub(right, row.prec + 1)}"
+    return [*sub(left, row.prec), f" {row.symbol} ", *sub(right, row.prec + 1)]
 
 
 def _mentions(node: Node, names: Mapping[Node, str], *, top: bool) -> set[str]:
@@ -117,16 +133,19 @@ def print_cell(cell: Cell) -> str:
     leaf = lambda n: n.arg  # noqa: E731 - old states, gates and params print as their names
 
     # A bound update takes its state's own name when no later line reads the old value.
+    # (Renaming changes no node's boundness, so what a line mentions is known up front.)
     body: list[tuple[str, Node]] = list(sched.bindings)
     inline_updates = [n for n in roots if n not in names]
+    read_inline = set().union(*(_mentions(n, names, top=False) for n in inline_updates))
+    last_read: dict[str, int] = {}  # state -> the last body line that reads its old value
     for i, (_, node) in enumerate(body):
-        state = next((s for s, n in cell.updates if n is node or n == node), None)
-        if state is None or node in inline_updates:
-            continue
-        later = [n for _, n in body[i + 1 :]]
-        reads = set().union(*(_mentions(n, names, top=True) for n in later))
-        reads |= set().union(*(_mentions(n, names, top=False) for n in inline_updates))
-        if state not in reads:
+        last_read.update(dict.fromkeys(_mentions(node, names, top=True), i))
+    state_of: dict[Node, str] = {}
+    for s, n in cell.updates:
+        state_of.setdefault(n, s)
+    for i, (_, node) in enumerate(body):
+        state = state_of.get(node)  # bound, so not one of the inline updates
+        if state is not None and state not in read_inline and last_read.get(state, -1) <= i:
             names[node] = state
             body[i] = (state, node)
     for name, node in body:
@@ -139,7 +158,7 @@ def print_cell(cell: Cell) -> str:
     rhs: dict[str, str] = {}
     for s, n in pending:
         text = render(n, names, leaf, top=False)
-        if _mentions(n, names, top=False) & (assigned - {s}):
+        if (_mentions(n, names, top=False) & assigned) - {s}:
             tmp = alloc.fresh(f"{s}_new")
             lines.append(f"{ind}{tmp} = {text}")
             text = tmp

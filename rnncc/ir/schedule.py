@@ -2,7 +2,8 @@
 
 Input: named roots (the values a step must produce). Output: an ordered list of bindings
 ``(name, node)`` such that every node used more than once, and every node the user named
-(a temporary of the source), is bound once before its first use; everything else is inlined.
+(a temporary of the source), is bound once before its first use, and optionally every node
+whose inlined expression would nest too deep; everything else is inlined.
 Names are the user's where free, else derived from them (``t_1``), else ``t<n>``.
 Deterministic: the same DAG gives the same schedule.
 """
@@ -49,9 +50,13 @@ class NameAllocator:
         return name
 
 
-def use_counts(roots: list[Node] | tuple[Node, ...]) -> Counter[Node]:
+def use_counts(
+    roots: list[Node] | tuple[Node, ...], order: list[Node] | None = None
+) -> Counter[Node]:
+    """How many times each node is used: as an operand, or as a root. ``order`` is
+    ``toposort(roots)`` when the caller has it already."""
     counts: Counter[Node] = Counter()
-    for node in toposort(list(roots)):
+    for node in toposort(list(roots)) if order is None else order:
         for s in node.src:
             counts[s] += 1
     for r in roots:
@@ -64,20 +69,29 @@ def schedule(
     allocator: NameAllocator,
     *,
     bind_roots: bool = False,
+    max_depth: int | None = None,
 ) -> Schedule:
     """Bind shared and user-named interior nodes (and, with ``bind_roots``, every root that is
-    not a leaf) in topological order; see the module docstring. Comparisons are never bound:
+    not a leaf; with ``max_depth``, every node whose inlined expression would nest that many
+    operators) in topological order; see the module docstring. Comparisons are never bound:
     the language allows them only inside ``where``, and they are cheap to repeat."""
-    counts = use_counts(roots)
+    order = toposort(list(roots))
+    counts = use_counts(roots, order)
     root_set = set(roots)
     bindings: list[tuple[str, Node]] = []
     names: dict[Node, str] = {}
-    for node in toposort(list(roots)):
-        if node.is_leaf or OPS[node.op].kind == "compare":
+    depth: dict[Node, int] = {}  # how deep the node's inlined expression nests
+    for node in order:
+        if node.is_leaf:
+            depth[node] = 0
+            continue
+        depth[node] = 1 + max(0 if s in names else depth[s] for s in node.src)
+        if OPS[node.op].kind == "compare":
             continue
         shared = counts[node] > 1
         named = node.name is not None
-        if shared or named or (bind_roots and node in root_set):
+        deep = max_depth is not None and depth[node] >= max_depth
+        if shared or named or deep or (bind_roots and node in root_set):
             name = allocator.fresh(node.name)
             names[node] = name
             bindings.append((name, node))

@@ -5,17 +5,37 @@ Input: root nodes. Output: equivalent roots in which equal subexpressions are on
 torch reference in float64 (so folding agrees with the reference backend), and identities
 that hold exactly in IEEE arithmetic are applied (``x + 0``, ``x * 1``, ``x / 1``,
 ``--x``, ``x ** 1``, ``where(c, x, x)``). ``0 * x`` is not folded: it is not 0 for
-``x = inf`` or NaN. Name hints survive: a merged node keeps the name of its first occurrence.
+``x = inf`` or NaN. A constant is folded only into a number float32 holds as itself (not
+NaN, nor a finite value that float32 makes inf or 0, such as ``1e30 * 1e30``): folded
+constants must print as numbers a cell may contain. Name hints survive: a merged node keeps
+the name of its first occurrence.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 
 from rnncc.ir.node import Node, toposort
 from rnncc.ir.ops import OPS
+
+
+def to_float32(value: float) -> float:
+    """``value`` as the kernels hold it, rounded to float32: ±inf past float32's range, ±0
+    below its smallest subnormal."""
+    try:
+        return float(struct.unpack("f", struct.pack("f", value))[0])
+    except OverflowError:  # finite in float64, too large for float32
+        return math.copysign(math.inf, value)
+
+
+def float32_holds(value: float) -> bool:
+    """Whether float32 keeps ``value`` what it is: not finite turned inf, nor nonzero turned 0
+    (inf, 0 and NaN stay themselves). Only such numbers may be written in a cell."""
+    single = to_float32(value)
+    return not (math.isinf(single) and math.isfinite(value)) and not (single == 0 != value)
 
 
 def _is_const(node: Node, value: float | None = None) -> bool:
@@ -32,7 +52,9 @@ def _fold_value(node: Node) -> float | None:
     args = [torch.tensor(s.arg, dtype=torch.float64) for s in node.src]
     out = row.ref(*args, node.arg) if node.op == "pow" else row.ref(*args)
     value = float(out)
-    return None if math.isnan(value) else value
+    # A constant is folded only into a number the language can write, so that the printed
+    # IR reads back; the kernels then compute the rest in float32 (giving inf or 0 there).
+    return value if float32_holds(value) and not math.isnan(value) else None
 
 
 def _compare_value(node: Node) -> bool | None:
@@ -88,10 +110,11 @@ def canonicalize(roots: list[Node] | tuple[Node, ...]) -> list[Node]:
     memo: dict[Node, Node] = {}
     for node in toposort(list(roots)):
         src = tuple(memo[s] for s in node.src)
+        # Identity, not equality: comparing equal deep operands would walk them again.
         rebuilt = (
             node
-            if src == node.src and all(a is b for a, b in zip(src, node.src))
-            else (Node(node.op, src, node.arg, name=node.name, span=node.span))
+            if all(a is b for a, b in zip(src, node.src, strict=True))
+            else Node(node.op, src, node.arg, name=node.name, span=node.span)
         )
         rebuilt = simplify_node(rebuilt)
         if rebuilt.name is None and node.name is not None and rebuilt is not node:

@@ -15,7 +15,8 @@ invariant fails; the tests run them after every pass. Invariants:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Callable, Iterable, Sequence
 
 from rnncc.errors import InternalError
 from rnncc.ir.cell import PARTS, BackwardCell, Cell
@@ -26,12 +27,32 @@ FORWARD_LEAVES = frozenset({"const", "state", "gate", "param"})
 BACKWARD_LEAVES = FORWARD_LEAVES | {"dstate", "dout"}
 
 
-def _fail(message: str, text: str) -> None:
-    raise InternalError(f"IR verification failed: {message}\n{text}")
+Describe = Callable[[], str]
+
+
+def _fail(message: str, describe: Describe) -> None:
+    raise InternalError(f"IR verification failed: {message}\n{describe()}")
+
+
+def listing(title: str, results: Sequence[tuple[str, Node]]) -> str:
+    """The DAG below ``results`` as numbered lines (``%3 = add(%1, %2)``), then the results:
+    a form of the IR that prints whatever the nodes hold, however deep they nest."""
+    order = toposort([n for _, n in results])
+    index = {node: i for i, node in enumerate(order)}
+    lines = [title]
+    for i, n in enumerate(order):
+        operands = ", ".join(f"%{index[s]}" for s in n.src)
+        arg = "" if n.arg is None else (f", {n.arg!r}" if n.src else repr(n.arg))
+        lines.append(f"  %{i} = {n.op}({operands}{arg})")
+    lines += [f"  {name} = %{index[node]}" for name, node in results]
+    return "\n".join(lines)
 
 
 def _check_nodes(
-    roots: Iterable[Node], allowed_leaves: frozenset[str], names: dict[str, set[str]], text: str
+    roots: Iterable[Node],
+    allowed_leaves: frozenset[str],
+    names: dict[str, set[str]],
+    text: Describe,
 ) -> None:
     for node in toposort(list(roots)):
         row = OPS.get(node.op)
@@ -78,14 +99,16 @@ def verify_cell(cell: Cell) -> None:
     """Check a forward cell; see the module docstring."""
     from rnncc.ir.printer import print_cell
 
-    text = f"cell {cell.name}: updates {cell.updates!r}"
-    all_names = (
+    def text() -> str:  # built only on a failure
+        return listing(f"cell {cell.name}: updates", cell.updates)
+
+    all_names = Counter(
         list(cell.state_names)
         + [g.name for g in cell.gates]
         + list(cell.param_names)
         + [c.name for c in cell.consts]
     )
-    dupes = sorted({n for n in all_names if all_names.count(n) > 1})
+    dupes = sorted(n for n, count in all_names.items() if count > 1)
     if dupes:
         _fail(f"duplicate names {dupes}", text)
     if tuple(s for s, _ in cell.updates) != cell.state_names:
@@ -114,7 +137,10 @@ def verify_cell(cell: Cell) -> None:
 def verify_backward(bwd: BackwardCell) -> None:
     """Check a backward cell against its forward cell; see the module docstring."""
     cell = bwd.forward
-    text = f"backward of {cell.name}"
+
+    def text() -> str:  # built only on a failure
+        return listing(f"backward of {cell.name}", bwd.d_states + bwd.d_gates + bwd.d_params)
+
     if tuple(s for s, _ in bwd.d_states) != cell.state_names:
         _fail("d_states do not match the states", text)
     if tuple(g for g, _ in bwd.d_gates) != tuple(g.name for g in cell.gates):

@@ -31,7 +31,7 @@ from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 from rnncc.autodiff import derive_backward
 from rnncc.dump import dump
 from rnncc.errors import Diagnostic, RnnccWarning, TilingError
-from rnncc.frontend import compile_source, select_cell
+from rnncc.frontend import compile_source, read_source, select_cell
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.serialize import dump_cells, load_cells
@@ -354,5 +354,6 @@ def loads(text: str, cell: str | None = None, *, path: str = "<string>") -> Comp
 
 
 def load(path: str | Path, cell: str | None = None) -> CompiledCell:
-    """Compile the cell in the file ``path`` (or the one named ``cell``); raises ``DslError``."""
-    return _load(Path(path).read_text(encoding="utf-8"), cell, str(path), stacklevel=2)
+    """Compile the cell in the file ``path`` (or the one named ``cell``); raises ``DslError``,
+    ``SourceReadError`` (a ``DslError``) when the file cannot be read."""
+    return _load(read_source(path), cell, str(path), stacklevel=2)
