@@ -89,7 +89,7 @@ def main() -> int:
     rank, world, device = setup()
     torch.manual_seed(0)  # the same initial weights on every rank
     model = ParityModel(args.cell, args.hidden, args.backend).to(device)
-    if world > 1:
+    if dist.is_initialized():
         model = nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     loss_fn = nn.BCEWithLogitsLoss()
@@ -123,7 +123,7 @@ def main() -> int:
         f"{'reached' if reached else 'did not reach'} {args.target:.0%} held-out accuracy "
         f"({accuracy:.4f}) after {step} steps, {seconds:.1f} s; backend {rnncc_backend(model)}"
     )
-    if world > 1:
+    if dist.is_initialized():
         dist.destroy_process_group()
     return 0 if reached else 1
 
