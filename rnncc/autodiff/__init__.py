@@ -54,7 +54,11 @@ def derive_backward(cell: Cell) -> BackwardCell:
     d_states = [leaf_cot("state", s) for s in cell.state_names]
     d_gates = [leaf_cot("gate", g.name) for g in cell.gates]
     d_params = [leaf_cot("param", p) for p in cell.param_names]
-    roots = canonicalize(d_states + d_gates + d_params)
+    # The forward roots go first so that the backward reuses the forward's very nodes (CSE
+    # keeps the first of equal nodes): a copy would be compared node by node wherever the
+    # two DAGs meet, as in the package's one node table.
+    forward = [n for _, n in cell.updates]
+    roots = canonicalize(forward + d_states + d_gates + d_params)[len(forward) :]
     ns, ng = len(d_states), len(d_gates)
     return BackwardCell(
         forward=cell,

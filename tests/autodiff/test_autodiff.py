@@ -12,6 +12,7 @@ from strategies import cell_sources
 
 from rnncc.autodiff import derive_backward
 from rnncc.frontend import compile_file, compile_source
+from rnncc.ir.node import toposort
 from rnncc.ir.printer import print_backward
 from rnncc.ir.verify import verify_backward, verify_cell
 from rnncc.testing import backward_vs_autograd, step_leaves
@@ -49,6 +50,18 @@ def test_unused_state_gets_zero_cotangent():
     )
     bwd = derive_backward(cell)
     assert dict(bwd.d_states)["c"].op == "const" and dict(bwd.d_states)["c"].arg == 0.0
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_the_backward_reuses_the_forward_nodes(path):
+    """Where the backward recomputes a forward value it holds the forward's own node, not an
+    equal copy: copies are compared node by node wherever the two DAGs meet (the package's
+    node table), which a chain of thousands made seconds long."""
+    (cell,), _ = compile_file(path)
+    forward = {n: n for n in toposort([n for _, n in cell.updates])}
+    bwd = derive_backward(cell)
+    copies = [n for n in toposort(bwd.roots) if forward.get(n, n) is not n]
+    assert not copies
 
 
 def test_backward_is_deterministic():
