@@ -358,6 +358,8 @@ class _CellLowering:
         return num.value
 
     def power(self, e: ast.Binary, base: Node, exponent: Node) -> Node:
+        """``base ** exponent``: the exponent must fold to a number (the IR's ``pow`` holds a
+        constant exponent)."""
         folded = canonicalize([exponent])[0]
         if folded.op != "const":
             if all(n.op == "const" for n in toposort([folded]) if n.is_leaf):
@@ -392,6 +394,8 @@ class _CellLowering:
         return self.env[name]
 
     def call(self, e: ast.Call) -> _Build:
+        """A call checked (a known function, its argument count, ``where``'s comparison), and
+        how to build it from its lowered arguments."""
         fname = e.func.name
         row = FUNCTIONS.get(fname)
         if row is None:

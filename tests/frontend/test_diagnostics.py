@@ -565,6 +565,15 @@ def test_numbers_are_checked_wherever_they_appear():
     ]
 
 
+@pytest.mark.parametrize("exponent", ["(1e30 * 1e30)", "(1e-30 * 1e-30)", "(0 * inf)"])
+def test_an_exponent_that_does_not_fold_to_a_number(exponent):
+    err = one_error(body(f"h = h ** {exponent}"), 2, 15, "exponent")
+    assert err.message == (
+        "the exponent of '**' must fold to a number; this one is NaN, or float32 would make "
+        "it inf or 0"
+    )
+
+
 @pytest.mark.parametrize(
     "literal", ["inf", "-inf", "0", "0.0", "0e999", "1e-45", "7.1e-46", "3.4028235e38", "1e38"]
 )
