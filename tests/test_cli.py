@@ -50,7 +50,9 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str | Path) -> tuple[int, str
 
 
 def run_subprocess(*argv: str | Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])
+    )
     return subprocess.run(
         [sys.executable, *map(str, argv)],
         cwd=cwd,

@@ -286,7 +286,12 @@ def test_a_build_killed_midway_does_not_hang_the_next(tmp_path):
     cache = tmp_path / "cache"
     source = tmp_path / "slow.cpp"
     source.write_text(SLOW)
-    env = dict(os.environ, RNNCC_CACHE_DIR=str(cache), RNNCC_QUIET="1", PYTHONPATH=str(REPO))
+    env = dict(
+        os.environ,
+        RNNCC_CACHE_DIR=str(cache),
+        RNNCC_QUIET="1",
+        PYTHONPATH=os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    )
     cmd = [sys.executable, "-c", BUILD_SCRIPT, str(source)]
     # Its own session, so the kill takes ninja and the compiler too (as Ctrl-C or a job
     # scheduler's timeout does).
