@@ -131,6 +131,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
 
 using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor>;
 
+// t with the strides of a new contiguous tensor of its shape, copying only when its elements
+// are not in that order. contiguous() alone keeps the stride of a size-1 dim (NH = 1 after a
+// permute), and a gradient whose strides differ from its parameter's costs DDP a copy per
+// step (and a warning).
+at::Tensor packed(const at::Tensor& t) { return t.contiguous().view({-1}).view(t.sizes()); }
+
 // After a backward loop: dR = Σ_t dgᵀ h[t-1] as one batched GEMM (one per head) from G, the
 // gate cotangents [NH, T, B, Gr * D] in the storage type (rounded to it, with fp32
 // accumulation, as cuDNN does: half the bytes, and the GEMM runs on the tensor cores); db and
@@ -150,11 +156,11 @@ Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hi
     const int64_t B = hist.size(3);
     at::Tensor H = at::empty({NH, T, B, D}, Wx.options());
     H.copy_(hist.narrow(0, 0, T).select(1, k.rec).permute({1, 0, 2, 3}));
-    dR = at::bmm(G.view({NH, T * B, k.Gr * D}).transpose(1, 2), H.view({NH, T * B, D}))
-             .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype).contiguous();
+    dR = packed(at::bmm(G.view({NH, T * B, k.Gr * D}).transpose(1, 2), H.view({NH, T * B, D}))
+                    .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype));
   }
-  if (k.Gb) db = dGb.sum(at::OptionalIntArrayRef(rows)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype).contiguous();
-  if (k.P) dparams = dP.sum(at::OptionalIntArrayRef(rows)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype).contiguous();
+  if (k.Gb) db = packed(dGb.sum(at::OptionalIntArrayRef(rows)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype));
+  if (k.P) dparams = packed(dP.sum(at::OptionalIntArrayRef(rows)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype));
   return {dWx, dR, db, dstates, dparams};
 }
 

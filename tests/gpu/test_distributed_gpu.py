@@ -55,6 +55,10 @@ def _grads(hidden, dtype, ddp: bool, out: str | None = None):
 
 
 def _worker(rank: int, store: str, hidden: int, dtype: torch.dtype, out: str) -> None:
+    import warnings
+
+    # DDP's note that a gradient is laid out unlike its parameter (it then copies each step).
+    warnings.filterwarnings("error", message="Grad strides do not match")
     torch.cuda.set_device(rank)
     dist.init_process_group(
         "nccl",
@@ -81,3 +85,20 @@ def test_ddp_with_nccl_matches_the_plain_model(tmp_path, hidden, dtype, tier):
     expected = _grads(hidden, dtype, ddp=False)
     for name, g in expected.items():
         assert rel_err(got[name], g) <= 1e-6, name
+
+
+@pytest.mark.parametrize("backend", ["stepwise", "fused"])
+@pytest.mark.parametrize("heads", [1, 3])
+def test_weight_gradients_have_their_parameters_strides(backend, heads):
+    """DDP's buckets copy (and warn about) a gradient laid out unlike its parameter: with one
+    head, a permuted dR, db or dparams kept an odd stride in the size-1 head dim."""
+    import rnncc
+
+    torch.manual_seed(0)
+    cell = rnncc.load(REPO / "examples" / "peephole_lstm.rnn")  # R, b and params
+    layer = rnncc.RNN(cell, 8, 16 * heads, num_heads=heads, backend=backend).cuda()
+    out, last = layer(torch.randn(4, 5, 8, device="cuda"))
+    (out.sum() + last.sum()).backward()
+    assert cell.last_backend == backend
+    for name, p in layer.named_parameters():
+        assert p.grad.stride() == p.stride(), name
