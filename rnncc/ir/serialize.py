@@ -13,6 +13,7 @@ from typing import Any
 from rnncc.errors import RnnccError, Source
 from rnncc.ir.cell import BackwardCell, Cell, Const, Param, Projection, State
 from rnncc.ir.node import Node, toposort
+from rnncc.ir.ops import LEAVES, OPS
 
 FORMAT = "rnncc-ir/1"
 
@@ -45,6 +46,26 @@ def dump_cells(cell: Cell, backward: BackwardCell) -> dict[str, Any]:
     }
 
 
+def _check_names(data: dict[str, Any]) -> None:
+    """Every name that generated code spells (cells, states, gates, params, consts, leaves,
+    temporaries) must be an identifier, and every op one of the table's: a hand-edited
+    ``cell.json`` must not put code into the kernels' sources."""
+    names = [data["name"], *data["outputs"]]
+    names += [n for n, _ in data["states"] + data["params"] + data["consts"]]
+    names += [g for _, gates, _ in data["projections"] for g in gates]
+    names += [data["recurrent"]] if data["recurrent"] is not None else []
+    for op, _, arg, name in data["nodes"]:
+        if op not in OPS:
+            raise RnnccError(f"compiled cell: unknown op {op!r}: recompile it with `rnncc compile`")
+        names += [name] if name is not None else []
+        names += [arg] if op in LEAVES and isinstance(arg, str) else []
+    bad = next((n for n in names if not (isinstance(n, str) and n.isidentifier())), None)
+    if bad is not None:
+        raise RnnccError(
+            f"compiled cell: {bad!r} is not an identifier: recompile it with `rnncc compile`"
+        )
+
+
 def load_cells(data: dict[str, Any]) -> tuple[Cell, BackwardCell]:
     """Rebuild ``(Cell, BackwardCell)`` from ``dump_cells`` output."""
     if data.get("format") != FORMAT:
@@ -52,6 +73,7 @@ def load_cells(data: dict[str, Any]) -> tuple[Cell, BackwardCell]:
             f"compiled cell has format {data.get('format')!r}; this rnncc reads {FORMAT!r}: "
             "recompile it with `rnncc compile`"
         )
+    _check_names(data)
     nodes: list[Node] = []
     for op, src, arg, name in data["nodes"]:
         nodes.append(Node(op, tuple(nodes[i] for i in src), arg, name=name))

@@ -448,3 +448,27 @@ def test_docs_show_the_refusal_the_tool_prints(tmp_path: Path, monkeypatch, caps
     (tmp_path / "build" / "lstm_cell" / "notes.txt").write_text("mine")
     assert main(["compile", str(REPO / "examples/lstm.rnn"), "-o", "build/lstm_cell"]) == 1
     assert capsys.readouterr().err == shown + "\n"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda d: d["states"][0].__setitem__(0, 'h] = 0; system("x"); float y[1'),
+        lambda d: d["nodes"][0].__setitem__(3, "t\nstatic int x = 1;"),
+        lambda d: d["nodes"][0].__setitem__(0, "system"),
+    ],
+    ids=["state name", "temporary name", "op"],
+)
+def test_a_hand_edited_cell_json_cannot_put_code_into_kernels(tmp_path: Path, edit) -> None:
+    """Names from cell.json are spelled in generated CUDA: anything but an identifier (and an
+    op of the table) is refused when the package loads."""
+    import json
+
+    from rnncc.runtime.package import load_package
+
+    out = write_package(compile_one(REPO / "examples/lstm.rnn"), tmp_path / "pkg")
+    data = json.loads((out / "cell.json").read_text())
+    edit(data)
+    (out / "cell.json").write_text(json.dumps(data))
+    with pytest.raises(rnncc.RnnccError, match="recompile it with `rnncc compile`"):
+        load_package(out / "cell.json")
