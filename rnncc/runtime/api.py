@@ -146,7 +146,7 @@ class CompiledCell:
         # Pickled (and deep-copied) as its IR in the JSON form of compiled packages: loaded
         # libraries, registered ops and kept default tensors are per process and come back
         # on first use.
-        return (_restore, (dump_cells(self.ir, self.backward_ir), self.warnings))
+        return (from_serialized, (dump_cells(self.ir, self.backward_ir), self.warnings))
 
     def __repr__(self) -> str:
         parts = [
@@ -331,7 +331,9 @@ class CompiledCell:
         return "reference"
 
 
-def _restore(data: dict[str, Any], warnings_: tuple[Diagnostic, ...]) -> CompiledCell:
+def from_serialized(data: dict[str, Any], warnings_: tuple[Diagnostic, ...] = ()) -> CompiledCell:
+    """The cell stored by ``rnncc.ir.serialize.dump_cells`` (a package's ``cell.json``, a
+    pickle), without running the front end or autodiff."""
     cell, backward = load_cells(data)
     return CompiledCell(cell, warnings_, backward_ir=backward)
 

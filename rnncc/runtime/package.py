@@ -28,9 +28,9 @@ from rnncc.codegen.escape import json_text, python_string
 from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.errors import RnnccError
 from rnncc.ir.cell import Cell
-from rnncc.ir.serialize import dump_cells, load_cells
+from rnncc.ir.serialize import dump_cells
 from rnncc.resources import templates_dir
-from rnncc.runtime.api import CompiledCell
+from rnncc.runtime.api import CompiledCell, from_serialized
 
 #: The manifest's file name inside a package, and the format it is written in.
 MANIFEST = ".rnncc-package.json"
@@ -128,8 +128,7 @@ def package_files(cell: Cell, package: str, plan: Mapping[str, str]) -> dict[str
 
 def load_package(path: Path) -> CompiledCell:
     """The ``CompiledCell`` stored in a package's ``cell.json``."""
-    cell, backward = load_cells(json.loads(Path(path).read_text()))
-    return CompiledCell(cell, backward_ir=backward)
+    return from_serialized(json.loads(Path(path).read_text()))
 
 
 def _is_inside(rel: str) -> bool:
