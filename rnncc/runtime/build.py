@@ -47,7 +47,6 @@ from rnncc.runtime.cache import (
     MANIFEST_FORMAT,
     DamagedEntryError,
     Manifest,
-    atomic_write,
     check_entry,
     entry_dir,
     entry_lock,
@@ -56,6 +55,7 @@ from rnncc.runtime.cache import (
     unusable,
     write_manifest,
 )
+from rnncc.runtime.files import atomic_write
 
 #: nvcc flags of every generated kernel library (CI compiles with these too).
 NVCC_FLAGS = ("-O3", "-std=c++17", "-lineinfo")

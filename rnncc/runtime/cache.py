@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from rnncc.errors import RnnccError
+from rnncc.runtime.files import atomic_write
 
 #: The manifest's file name in an entry; its presence marks a finished build.
 MANIFEST = "BUILT"
@@ -100,13 +101,6 @@ def file_sha256(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             h.update(chunk)
     return h.hexdigest()
-
-
-def atomic_write(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` so that a reader sees the old file or the whole new one."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def read_manifest(directory: Path) -> Manifest | None:

@@ -31,6 +31,7 @@ from rnncc.ir.cell import Cell
 from rnncc.ir.serialize import dump_cells
 from rnncc.resources import templates_dir
 from rnncc.runtime.api import CompiledCell, from_serialized
+from rnncc.runtime.files import atomic_write
 
 #: The manifest's file name inside a package, and the format it is written in.
 MANIFEST = ".rnncc-package.json"
@@ -94,7 +95,7 @@ def write_package(cell: Cell, out: Path, *, plan: Mapping[str, str] | None = Non
     for rel, data in files.items():
         path = out / rel
         path.parent.mkdir(parents=True, exist_ok=True)
-        _write_atomic(path, data)
+        atomic_write(path, data)
     for rel in stale:
         (out / rel).unlink(missing_ok=True)
         _remove_empty_folders(out, PurePosixPath(rel).parent)
@@ -221,25 +222,6 @@ def _check_writable(out: Path, rel: str, listed: list[str]) -> None:
         )
 
 
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Write ``path`` through a new temporary file beside it and ``os.replace``: a reader sees
-    the old file or the new one. The file gets the mode a plain ``open`` would give it."""
-    while True:
-        tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            break
-        except FileExistsError:
-            continue
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _write_manifest(out: Path, cell: Cell, files: list[str]) -> None:
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -247,7 +229,7 @@ def _write_manifest(out: Path, cell: Cell, files: list[str]) -> None:
         "cell": cell.name,
         "files": files,
     }
-    _write_atomic(out / MANIFEST, json_text(manifest).encode("ascii"))
+    atomic_write(out / MANIFEST, json_text(manifest).encode("ascii"))
 
 
 def _remove_empty_folders(out: Path, folder: PurePosixPath) -> None:
