@@ -22,6 +22,7 @@ from string import Formatter
 
 from rnncc.ir.node import Node
 from rnncc.ir.ops import OPS, PREC_ATOM, PREC_MUL, PREC_NEG
+from rnncc.ir.printer import write_out
 from rnncc.ir.schedule import NameAllocator, schedule
 from rnncc.ir.simplify import to_float32
 
@@ -91,18 +92,7 @@ class CudaRenderer:
     def expr(self, node: Node, *, top: bool = False) -> str:
         """``node`` as a C expression, written out piece by piece from an explicit stack: a
         sum of thousands of terms is a tree thousands of levels deep."""
-        out: list[str] = []
-        # What remains to write, the next piece last.
-        stack: list[Node | str] = self._pieces(node)[::-1] if top else [node]
-        while stack:
-            item = stack.pop()
-            if isinstance(item, str):
-                out.append(item)
-            elif item in self.names:
-                out.append(self.names[item])
-            else:
-                stack.extend(reversed(self._pieces(item)))
-        return "".join(out)
+        return write_out(self._pieces(node) if top else [node], self.names, self._pieces)
 
     def _pieces(self, node: Node) -> list[Node | str]:
         """``node``'s C as literal pieces and operands still to be written."""

@@ -50,9 +50,20 @@ def render(
 ) -> str:
     """``node`` as a surface expression; bound subexpressions print as their names. Written
     out piece by piece from an explicit stack: user expressions can nest thousands deep."""
+    pieces = lambda n: _pieces(n, names, leaf)  # noqa: E731
+    return write_out(pieces(node) if top else [node], names, pieces)
+
+
+def write_out(
+    first: list[Node | str],
+    names: Mapping[Node, str],
+    pieces: Callable[[Node], list[Node | str]],
+) -> str:
+    """The text of ``first``: strings as they are, named nodes as their names, other nodes
+    as their ``pieces``, expanded from an explicit stack (no recursion, however deep the
+    expression). The surface printer and the CUDA renderer both write through this."""
     out: list[str] = []
-    # What remains to write, the next piece last.
-    stack: list[Node | str] = _pieces(node, names, leaf)[::-1] if top else [node]
+    stack = first[::-1]  # what remains to write, the next piece last
     while stack:
         item = stack.pop()
         if isinstance(item, str):
@@ -60,7 +71,7 @@ def render(
         elif item in names:
             out.append(names[item])
         else:
-            stack.extend(reversed(_pieces(item, names, leaf)))
+            stack.extend(reversed(pieces(item)))
     return "".join(out)
 
 
