@@ -76,7 +76,7 @@ DEFAULT_SYSTEMS = (
 )
 #: Cells with a cuDNN counterpart, by the example file whose IR they must equal.
 BASELINES = {"lstm": "LSTM", "gru": "GRU"}
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES_DIR = Path(__file__).resolve().parents[2] / "examples"
 MAX_INPUT_SETS = 8
 _L2_FALLBACK = 50 * 2**20  # an H100's L2, for devices that do not report theirs
 #: Forward + backward of the PyTorch loop over its forward alone (BENCHMARKS.md: 632 / 164).
@@ -629,7 +629,7 @@ def _git_commit() -> str | None:
     try:
         out = subprocess.run(
             ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=Path(__file__).resolve().parents[1],
+            cwd=Path(__file__).resolve().parents[2],
             capture_output=True,
             text=True,
             timeout=10,
