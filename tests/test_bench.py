@@ -15,6 +15,7 @@ import pytest
 from rnncc import bench
 from rnncc.bench import Case, Record, Settings, Stats
 from rnncc.cli import main
+from rnncc.errors import RnnccError
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
@@ -189,7 +190,7 @@ def test_parse_systems():
     assert bench.parse_systems(None) == list(bench.DEFAULT_SYSTEMS)
     assert bench.parse_systems("cudnn, torch-loop,cudnn") == ["cudnn", "torch-loop"]
     assert bench.parse_systems(["rnncc-reference-module"]) == ["rnncc-reference-module"]
-    with pytest.raises(bench.RnnccError, match="unknown system 'flashrnn'"):
+    with pytest.raises(RnnccError, match="unknown system 'flashrnn'"):
         bench.parse_systems("flashrnn")
 
 
