@@ -7,7 +7,8 @@ Subcommands:
   CSE'd), or the derived backward cell;
 - ``rnncc compile FILE -o DIR [--cell NAME]`` — write DIR as an importable Python package of
   the cell (IR, backward IR and source as data; importing it runs no front end);
-- ``rnncc plan FILE --hidden H ...`` — the tiling plan of the fused kernel;
+- ``rnncc plan FILE --hidden H ...`` — the plan: the kernel variant that runs those sizes, its
+  launch and predicted cost;
 - ``rnncc bench FILE --hidden H ...`` — time the cell on rnncc's backends and the baselines.
 - ``rnncc cache list|clear [GLOB...]|prune --max-size SIZE`` — the built-kernel cache.
 
@@ -20,8 +21,7 @@ import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rnncc import __version__
 from rnncc.errors import Diagnostic, DslError, RnnccError
@@ -29,6 +29,7 @@ from rnncc.errors import Diagnostic, DslError, RnnccError
 if TYPE_CHECKING:  # the front end is imported when a command needs it
     from rnncc.ir.cell import Cell
     from rnncc.runtime.cache import Entry
+    from rnncc.tiling import Plan
 
 
 def _read(path: str) -> str:
@@ -94,24 +95,29 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 def cmd_compile(args: argparse.Namespace) -> int:
     from rnncc.runtime.package import write_package
+    from rnncc.variants.stepwise import BUILD as STEPWISE_BUILD
 
     cells, warns = _compile(args.file)
     _print_warnings(warns)
     cell = _pick(cells, args.cell, args.file)
     arch = _prebuild_arch(args) if args.prebuild else None  # checked before anything is written
-    plan = _plan_files(cell, args) if args.hidden is not None else None
+    files, builds = _plan_files(cell, args) if args.hidden is not None else (None, [])
+    builds = [STEPWISE_BUILD, *builds]
     try:
-        out = write_package(cell, Path(args.output), plan=plan)
+        out = write_package(cell, Path(args.output), plan=files, builds=builds)
     except OSError as err:
         raise RnnccError(f"{args.output}: cannot write: {err.strerror or err}") from None
     print(f"wrote {out} (cell '{cell.name}'); import it with the parent folder on sys.path")
     if arch is not None:
         from rnncc.autodiff import derive_backward
-        from rnncc.runtime.stepwise import build_cell_library, host_library
+        from rnncc.runtime.kernels import build_kernels, host_library
 
-        host = host_library(_build_arch(arch))
-        library = build_cell_library(cell, derive_backward(cell), _build_arch(arch))
-        print(f"prebuilt for {arch}: {library} (host loop: {host})")
+        host = host_library(arch)
+        backward = derive_backward(cell)
+        for build in builds:
+            library = build_kernels(cell, backward, build, arch)
+            print(f"prebuilt {build['variant']} for {arch}: {library}")
+        print(f"host loop: {host}")
     return 0
 
 
@@ -137,12 +143,20 @@ def _prebuild_arch(args: argparse.Namespace) -> str:
     from rnncc.runtime.cache import ensure_writable
 
     ensure_writable(get_config().cache_dir)
-    return str(args.arch) if args.arch else _device_arch()
+    return _build_arch(args.arch) if args.arch else _device_arch()
 
 
-def _build_arch(arch: str) -> str:
-    """The build target of an --arch name: Hopper gets sm_90a (wgmma needs the 'a')."""
-    return "sm_90a" if arch in ("sm_90", "sm_90a") else arch
+def _build_arch(name: str) -> str:
+    """The build target of an --arch name (``sm_90``, ``h100``, ``a100``): its compute
+    capability, Hopper as sm_90a (wgmma needs the 'a')."""
+    from rnncc.errors import TilingError
+    from rnncc.tiling import caps_for_arch
+
+    try:
+        arch = caps_for_arch(name).arch
+    except TilingError as err:
+        raise RnnccError(str(err)) from None
+    return "sm_90a" if arch == "sm_90" else arch
 
 
 def _device_arch() -> str:
@@ -215,30 +229,77 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-def _plan_files(cell: Cell, args: argparse.Namespace) -> dict[str, str]:
-    """plan.txt and plan.json for the sizes given (the plan of the fused kernel)."""
+def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
+    """The plan for the sizes of ``rnncc plan`` / ``rnncc compile --hidden``: what the runtime
+    launches for them on ``--arch`` (default: this GPU)."""
+    from rnncc.tiling import Problem, caps_for_arch, caps_for_device, solve
+
+    hidden, heads = args.hidden, args.heads
+    if heads < 1 or hidden < 1 or hidden % heads:
+        raise RnnccError(f"--hidden {hidden} is not a positive multiple of --heads {heads}")
+    if args.batch < 1:
+        raise RnnccError(f"--batch must be positive, got {args.batch}")
+    caps = caps_for_arch(args.arch) if args.arch else caps_for_device()
+    problem = Problem.from_cell(
+        cell, heads=heads, head_dim=hidden // heads, batch=args.batch, dtype=args.dtype
+    )
+    return solve(problem, caps)
+
+
+def _plan_files(
+    cell: Cell, args: argparse.Namespace
+) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    """plan.txt and plan.json for the sizes given, and the build records of the kernels the
+    plan runs besides the stepwise ones (none when it runs those)."""
     import json
 
     from rnncc.errors import TilingError
-    from rnncc.tiling.command import plan_for_sizes
 
     try:
-        plan = plan_for_sizes(
-            cell,
-            hidden=args.hidden,
-            heads=args.heads,
-            batch=args.batch,
-            dtype=args.dtype,
-            arch=args.arch,
-        )
+        plan = _plan_for(cell, args)
     except TilingError as err:
-        return {"plan.txt": f"no fused-kernel plan (the stepwise backend runs instead):\n{err}\n"}
-    except ValueError as err:
         raise RnnccError(str(err)) from None
-    return {
+    files = {
         "plan.txt": plan.explain() + "\n",
         "plan.json": json.dumps(plan.as_dict(), indent=1) + "\n",
     }
+    return files, [plan.build] if plan.fused else []
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    """``rnncc plan``: the plan explained, or as JSON."""
+    import json
+
+    from rnncc.errors import TilingError
+
+    cells, warns = _compile(args.file)
+    _print_warnings(warns)
+    cell = _pick(cells, args.cell, args.file)
+    try:
+        plan = _plan_for(cell, args)
+    except TilingError as err:
+        raise RnnccError(str(err)) from None
+    print(json.dumps(plan.as_dict(), indent=2) if args.json else plan.explain())
+    return 0
+
+
+def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
+    """The sizes and target of a plan (``rnncc plan``; ``rnncc compile``, where --hidden is
+    optional and asks for the planned kernels)."""
+    what = "hidden size = heads × head dim" + (
+        "" if required else ": write the plan and its kernels"
+    )
+    p.add_argument("--hidden", type=int, required=required, metavar="H", help=what)
+    p.add_argument("--heads", type=int, default=1, metavar="NH", help="heads (default 1)")
+    p.add_argument("--batch", type=int, default=16, metavar="B", help="batch (default 16)")
+    p.add_argument(
+        "--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="storage dtype"
+    )
+    p.add_argument(
+        "--arch",
+        metavar="ARCH",
+        help="target GPU: sm_90, h100, h100-pcie, h200, a100, l40s, ... (default: this GPU)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -280,22 +341,7 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", required=True, metavar="DIR", help="the package folder to write"
     )
     p.add_argument("--cell", metavar="NAME", help="the cell to compile when the file has several")
-    p.add_argument(
-        "--arch", metavar="ARCH", help="target GPU for the plan and --prebuild, e.g. sm_90a, h100"
-    )
-    p.add_argument(
-        "--hidden", type=int, metavar="H", help="hidden size: also write the tiling plan"
-    )
-    p.add_argument("--heads", type=int, default=1, metavar="NH", help="heads (default 1)")
-    p.add_argument(
-        "--batch", type=int, default=16, metavar="B", help="batch for the plan (default 16)"
-    )
-    p.add_argument(
-        "--dtype",
-        default="bf16",
-        choices=("bf16", "fp16", "fp32"),
-        help="storage dtype of the plan",
-    )
+    _size_arguments(p, required=False)
     p.add_argument(
         "--prebuild",
         action="store_true",
@@ -333,13 +379,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_cache)
 
-    plan_command: ModuleType | None
-    try:
-        from rnncc.tiling import command as plan_command
-    except ImportError:  # the tiling package is optional at this stage of the pipeline
-        plan_command = None
-    if plan_command is not None and hasattr(plan_command, "register"):
-        plan_command.register(sub)
+    p = sub.add_parser(
+        "plan",
+        help="print the plan: the kernel variant that runs a cell at given sizes",
+        description="Solve for the kernel variant, its parameters and launch that run the cell "
+        "at these sizes on the target GPU, and explain the choice: the predicted µs per step, "
+        "the constraints that bind, the other variants' costs or why they are ruled out.",
+    )
+    p.add_argument("file", metavar="FILE")
+    p.add_argument("--cell", metavar="NAME", help="the cell to plan when the file has several")
+    _size_arguments(p, required=True)
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.set_defaults(func=cmd_plan)
 
     from rnncc import bench
 

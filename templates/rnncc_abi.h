@@ -11,7 +11,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 7
+#define RNNCC_ABI_VERSION 8
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -42,14 +42,21 @@ typedef struct rnncc_step_args {
 // A launcher: enqueues one step on `stream`; returns a cudaError_t (0: success).
 typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);
 
+// How a fused kernel is launched, from the plan (rnncc.variants): which of the library's
+// kernels, its threads and dynamic shared memory per block, and the blocks of one launch.
+// The library checks the numbers against the ones it was built with.
+typedef struct rnncc_launch {
+  int kernel, threads, smem;
+  int grid_x, grid_y, grid_z;
+} rnncc_launch;
+
 // The fused forward: the whole sequence in one launch (rnncc_fused_forward). Layouts as
 // above, plus: states, last [S, B, NH, D] storage; R [Gr, NH, D, D] storage (out x in);
 // hist [T + 1, S, NH, B, D] float32 and rh [T, NH, B, Gr * D] float32, both written only
 // when not null (they are what the backward reads); xchg: zeros, the grid tier's exchange
 // between the blocks of a head: 16-bit values [2, NH, B8, xchg_words] (B8: B rounded up to a
 // multiple of 8; the kernels order each slot in blocks of 8 rows), then uint32 counters
-// [NH, B8 / 8] (xchg_words from the cell library's generator, a multiple of 32; 0 and null
-// for the block tier).
+// [NH, B8 / 8] (xchg_words from the plan, a multiple of 32; 0 and null for the block tier).
 typedef struct rnncc_fused_args {
   int B, T, NH, D;
   int dtype;
@@ -64,6 +71,7 @@ typedef struct rnncc_fused_args {
   float* rh;
   unsigned int* xchg;
   int xchg_words;
+  rnncc_launch launch;
 } rnncc_fused_args;
 
 typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, cudaStream_t stream);
@@ -93,6 +101,7 @@ typedef struct rnncc_fused_bwd_args {
   float* dP;
   unsigned int* xchg;
   int xchg_words;
+  rnncc_launch launch;
 } rnncc_fused_bwd_args;
 
 typedef int (*rnncc_fused_bwd_fn)(const rnncc_fused_bwd_args* args, cudaStream_t stream);

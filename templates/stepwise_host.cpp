@@ -22,28 +22,41 @@
 
 namespace {
 
-// The cell's sizes; X: the fused grid tier's exchange words per (head, batch row), 0 otherwise.
+// The cell's sizes: [S, O, Gx, Gr, Gb, P, recurrent state's index].
 struct Dims {
-  int64_t S, O, Gx, Gr, Gb, P, rec, X;
+  int64_t S, O, Gx, Gr, Gb, P, rec;
   explicit Dims(at::IntArrayRef d) {
-    TORCH_CHECK(d.size() == 8, "rnncc: dims must be [S, O, Gx, Gr, Gb, P, rec, X]");
-    S = d[0]; O = d[1]; Gx = d[2]; Gr = d[3]; Gb = d[4]; P = d[5]; rec = d[6]; X = d[7];
+    TORCH_CHECK(d.size() == 7, "rnncc: dims must be [S, O, Gx, Gr, Gb, P, rec]");
+    S = d[0]; O = d[1]; Gx = d[2]; Gr = d[3]; Gb = d[4]; P = d[5]; rec = d[6];
+  }
+};
+
+// A fused call's launch, from the plan (rnncc.variants' Launch.as_list): the grid tier's
+// exchange values per (head, batch row) and the 32-bit words of its buffer (0, 0 for the
+// block tier), then the forward's and the backward's rnncc_launch.
+struct Plan {
+  int64_t X, words;
+  rnncc_launch fw, bw;
+  explicit Plan(at::IntArrayRef l) {
+    TORCH_CHECK(l.size() == 14, "rnncc: a fused launch is [X, words, forward (6), backward (6)]");
+    X = l[0]; words = l[1];
+    fw = rnncc_launch{(int)l[2], (int)l[3], (int)l[4], (int)l[5], (int)l[6], (int)l[7]};
+    bw = rnncc_launch{(int)l[8], (int)l[9], (int)l[10], (int)l[11], (int)l[12], (int)l[13]};
   }
 };
 
 // The grid tier's exchange buffer (rnncc_abi.h; the kernels find their part of it with
-// fused_grid.cuh.j2's Exchange), zeroed on `stream` (the counters start at 0, and the padding
-// values, never written, must be finite) by a memset rather than a fill kernel, whose launch
-// costs the call more host time; set in the launch arguments `a` (a fused_args or
-// fused_bwd_args); undefined, with a's fields null and 0, when the kernels take none.
+// fused_grid.cuh.j2's Exchange), of the plan's size, zeroed on `stream` (the counters start
+// at 0, and the padding values, never written, must be finite) by a memset rather than a fill
+// kernel, whose launch costs the call more host time; set in the launch arguments `a` (a
+// fused_args or fused_bwd_args); undefined, with a's fields null and 0, when the kernels take
+// none.
 template <typename Args>
-at::Tensor attach_exchange(Args& a, const Dims& k, int64_t NH, int64_t B, const at::Tensor& like,
-                           cudaStream_t stream) {
-  const int64_t B8 = (B + 7) / 8 * 8, values = NH * B8 * k.X, counters = NH * (B8 / 8);  // 2 x values 16-bit = values words
-  at::Tensor xchg = k.X ? at::empty({values + counters}, like.options().dtype(at::kInt)) : at::Tensor();
-  if (k.X) C10_CUDA_CHECK(cudaMemsetAsync(xchg.data_ptr(), 0, xchg.nbytes(), stream));
-  a.xchg = k.X ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
-  a.xchg_words = static_cast<int>(k.X);
+at::Tensor attach_exchange(Args& a, const Plan& p, const at::Tensor& like, cudaStream_t stream) {
+  at::Tensor xchg = p.words ? at::empty({p.words}, like.options().dtype(at::kInt)) : at::Tensor();
+  if (p.words) C10_CUDA_CHECK(cudaMemsetAsync(xchg.data_ptr(), 0, xchg.nbytes(), stream));
+  a.xchg = p.words ? reinterpret_cast<unsigned int*>(xchg.data_ptr<int>()) : nullptr;
+  a.xchg_words = static_cast<int>(p.X);
   return xchg;
 }
 
@@ -219,10 +232,12 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
 }
 
 // What a failed fused launch most likely means, for the error message.
-std::string fused_hint(int err, int64_t D) {
-  if (err != cudaErrorNotSupported) return "";
-  return " (the grid tier needs a head's blocks, one per 16 or 8 of its " + std::to_string(D) +
-         " units, resident at once; this GPU has too few SMs: use backend='stepwise')";
+std::string fused_hint(int err) {
+  if (err == cudaErrorInvalidValue)
+    return " (the launch does not match the library's kernels: a plan from another version?)";
+  if (err != cudaErrorCooperativeLaunchTooLarge) return "";
+  return " (the plan's blocks are not all resident at once on this GPU: another process or a "
+         "MIG slice may hold SMs; use backend='stepwise')";
 }
 
 // A contiguous tensor whose data starts 16-byte aligned (the fused kernels read adjacent
@@ -237,8 +252,9 @@ at::Tensor aligned_contiguous(const at::Tensor& t) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
     const at::Tensor& Wx_, const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
     const at::Tensor& states_, const c10::optional<at::Tensor>& params_, int64_t fn,
-    at::IntArrayRef dims, bool save, bool poison_outputs) {
+    at::IntArrayRef dims, at::IntArrayRef launch, bool save, bool poison_outputs) {
   const Dims k(dims);
+  const Plan plan(launch);
   c10::cuda::CUDAGuard guard(Wx_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor Wx = aligned_contiguous(Wx_), R = opt(R_), bias = opt(b_), params = opt(params_);
@@ -263,10 +279,11 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
-  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx, stream);  // alive until the launch is queued
+  a.launch = plan.fw;
+  const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
+              cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err));
   return {y, last, hist, rh};
 }
 
@@ -275,8 +292,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
 Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::Tensor& Wx_,
                      const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
                      const c10::optional<at::Tensor>& params_, const at::Tensor& hist,
-                     const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
+                     const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, at::IntArrayRef launch,
+                     bool poison_outputs) {
   const Dims k(dims);
+  const Plan plan(launch);
   c10::cuda::CUDAGuard guard(Wx_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor Wx = aligned_contiguous(Wx_), dy = aligned_contiguous(dy_);
@@ -302,10 +321,11 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? mptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
-  const at::Tensor xchg = attach_exchange(a, k, NH, B, Wx, stream);  // alive until the launch is queued
+  a.launch = plan.bw;
+  const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
-              cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err, D));
+              cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err));
   const std::vector<int64_t> batch{0};  // of [B, NH, ·]
   return weight_gradients(k, Wx, hist, dGr, dGb, dP, batch, dWx, dstates);
 }
@@ -322,10 +342,10 @@ TORCH_LIBRARY(rnncc_host, m) {
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, int fn, "
-      "int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
+      "int[] dims, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
-      "Tensor? params, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
+      "Tensor? params, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, bool poison) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
 }

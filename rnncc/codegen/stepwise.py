@@ -177,7 +177,7 @@ def backward_lines(bwd: BackwardCell, spell: BackwardSpelling = STEPWISE_BACKWAR
     return lines
 
 
-def header_comment(cell: Cell, plan: str = "stepwise: one thread per (head, batch, unit)") -> str:
+def header_comment(cell: Cell, plan: str) -> str:
     """The generated file's header: rnncc version, the cell's source, the plan. The source is
     split into lines where the .rnn lexer splits it (at ``\\n``); each line and the file name
     go through ``c_comment``, so no character of them leaves the comment."""
@@ -217,11 +217,14 @@ def cell_context(cell: Cell) -> dict[str, object]:
     }
 
 
-def generate_stepwise(cell: Cell, bwd: BackwardCell) -> GeneratedSource:
-    """The stepwise kernels of ``cell``; see the module docstring."""
+def generate_stepwise(cell: Cell, bwd: BackwardCell, threads: int = 256) -> GeneratedSource:
+    """The stepwise kernels of ``cell``, ``threads`` per block; see the module docstring."""
     text = render_template(
         "stepwise_cell.cu.j2",
-        header=header_comment(cell),
+        header=header_comment(
+            cell, f"stepwise: one thread per (head, batch, unit), {threads} per block"
+        ),
+        threads=threads,
         forward=forward_lines(cell),
         backward=backward_lines(bwd),
         **cell_context(cell),

@@ -1,24 +1,25 @@
 """The user-facing cell object: ``rnncc.load(path)`` / ``rnncc.loads(text)`` → ``CompiledCell``.
 
 A ``CompiledCell`` holds the checked forward IR and its derived backward IR and is called
-like a function of tensors (DESIGN.md §2)::
+like a function of tensors::
 
     y, last = cell(Wx, R, b, states=None, params=None, backend="auto")
 
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
 shape, dtype or device), fills defaults (declared initial states and params, made once per
-size and kept: the backends only read them), picks a backend and records which one ran in
-``last_backend``. Backends: ``"reference"`` (torch ops, any device), ``"stepwise"`` (CUDA:
-one matrix product and one generated pointwise kernel per step, built on first use),
-``"fused"`` (the persistent forward and backward, one launch each per sequence: the block
-tier for heads that fit one SM, the grid tier for bf16/fp16 heads of up to 1024 units;
-``TilingError`` with the reason otherwise), ``"auto"`` (the reference on CPU; on CUDA the
-fused kernel where one runs the size, else the stepwise backend with a warning once per
-cell, so slowness is never silent).
+size and kept: the backends only read them), and on CUDA asks the planner
+(``rnncc.tiling.solve``) which kernel variant runs the call; it records what ran in
+``last_backend`` and ``last_plan``. Backends: ``"reference"`` (torch ops, any device),
+``"stepwise"`` (CUDA: one matrix product and one generated pointwise kernel per step),
+``"fused"`` (the cheapest fused variant: one launch per sequence; ``TilingError`` naming the
+binding constraints when none runs the size), ``"auto"`` (the reference on CPU; on CUDA the
+cheapest variant, with a warning once per cell where that is the stepwise one, so slowness
+is never silent). Kernels are built on first use, or by ``prepare``.
 """
 
 from __future__ import annotations
 
+import json
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
@@ -38,11 +39,14 @@ from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
 from rnncc.runtime.validate import Sizes, validate
 
-if TYPE_CHECKING:  # the stepwise backend is imported on first use, in _stepwise_ops
-    from rnncc.runtime.stepwise import FusedOps, StepwiseOps
+if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
+    from rnncc.runtime.kernels import KernelOps
+    from rnncc.tiling import Plan
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
-_CUDA_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: The CUDA backends' storage dtypes, as the planner spells them.
+DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
+_CUDA_DTYPES = tuple(DTYPE_NAMES)
 DEFAULTS_KEPT = 8  # default states/params tensors a cell keeps (the most recently used)
 
 
@@ -72,13 +76,12 @@ class CompiledCell:
         dump(ir.name, "backward.rnn", print_backward(self.backward_ir))
         self.warnings = warnings_
         self.last_backend: str | None = None
+        #: The plan of the last CUDA call: what it launched (None after a reference call).
+        self.last_plan: Plan | None = None
         self._warned: set[Hashable] = set()
-        self._stepwise: dict[str, StepwiseOps] = {}  # by arch
-        self._fused: dict[tuple[str, int], FusedOps] = {}  # by (arch, head dim)
-        # The same ops by the device of a call, found without working out the arch again.
-        self._stepwise_at: dict[torch.device, StepwiseOps] = {}
-        self._fused_at: dict[tuple[torch.device, int], FusedOps] = {}
-        self._support: dict[tuple[int, torch.dtype], str | None] = {}  # fused_support's answers
+        self._ops: dict[tuple[str, str], KernelOps] = {}  # by (arch, build record)
+        # The plan and ops of a call, by (device, dtype, B, NH, D, backend).
+        self._runs: dict[tuple[Any, ...], tuple[Plan, KernelOps]] = {}
         self._defaults: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
 
     # ---- description ---------------------------------------------------------------------
@@ -177,13 +180,14 @@ class CompiledCell:
             states = self._declared(sizes, Wx, states=True)
         if params is None and self.ir.params:
             params = self._declared(sizes, Wx, states=False)
-        chosen = self._choose(backend, Wx, sizes.D)
-        self.last_backend = chosen
-        if chosen == "fused":
-            return self._fused_ops(Wx.device, sizes.D)(Wx, R, b, states, params)
-        if chosen == "stepwise":
-            return self._stepwise_ops(Wx.device)(Wx, R, b, states, params)
-        return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
+        run = self._cuda_run(backend, Wx, sizes)
+        if run is None:
+            self.last_backend, self.last_plan = "reference", None
+            return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
+        plan, ops = run
+        self.last_backend = "fused" if plan.fused else "stepwise"
+        self.last_plan = plan
+        return ops(Wx, R, b, states, params, plan.launch)
 
     def _declared(self, sizes: Sizes, Wx: torch.Tensor, *, states: bool) -> torch.Tensor:
         """The declared initial states (``states=True``) or params of a call at ``sizes``, with
@@ -217,66 +221,81 @@ class CompiledCell:
             return initial_states(self.ir, sizes.B, sizes.NH, sizes.D, Wx.dtype, Wx.device)
         return initial_params(self.ir, sizes.NH, sizes.D, Wx.dtype, Wx.device)
 
-    def fused_support(self, head_dim: int, dtype: torch.dtype = torch.bfloat16) -> str | None:
-        """None when the fused kernel runs this cell at ``head_dim`` with storage ``dtype``;
-        else why it does not. float32 runs an FFMA product (fp32-accurate), float16 and
-        bfloat16 the tensor cores; their size limits differ."""
-        key = (head_dim, dtype)
-        try:  # asked on every call: the answer is computed once
-            return self._support[key]
-        except KeyError:
-            pass
+    def plan(
+        self,
+        B: int,
+        NH: int,
+        D: int,
+        dtype: torch.dtype = torch.bfloat16,
+        device: torch.device | str = "cuda",
+        backend: str = "auto",
+    ) -> Plan:
+        """The plan a call at these sizes runs on ``device``: the kernel variant, its
+        parameters, its launch and predicted cost (``Plan.explain()``). ``backend``:
+        ``"auto"`` (the cheapest variant), ``"fused"`` (the cheapest fused one; TilingError
+        naming the binding constraints when none runs the size) or ``"stepwise"``."""
         if dtype not in _CUDA_DTYPES:
-            return f"{dtype} is not a storage dtype of the CUDA backends"
-        from rnncc.codegen.fused import fused_support
+            raise ValueError(f"the CUDA backends store float32, float16 or bfloat16; got {dtype}")
+        if backend not in ("auto", "fused", "stepwise"):
+            raise ValueError(
+                f"plans are for backend 'auto', 'fused' or 'stepwise'; got {backend!r}"
+            )
+        return self._run_for(torch.device(device), dtype, Sizes(B, 1, NH, D), backend)[0]
 
-        reason = fused_support(self.ir, head_dim, str(dtype).removeprefix("torch."))
-        self._support[key] = reason
-        return reason
-
-    def prepare(self, device: torch.device | str = "cuda", head_dim: int | None = None) -> None:
-        """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at the
-        first call — with ``head_dim``, also the fused kernel when it supports that size. Safe
-        to call from several threads for different cells at once."""
+    def prepare(
+        self,
+        device: torch.device | str = "cuda",
+        head_dim: int | None = None,
+        *,
+        dtype: torch.dtype = torch.bfloat16,
+        batch: int = 16,
+        heads: int = 1,
+    ) -> None:
+        """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at
+        the first call: the stepwise kernels, and with ``head_dim`` those of the plan for
+        these sizes. Safe to call from several threads for different cells at once."""
         dev = torch.device(device)
-        self._stepwise_ops(dev)
-        if head_dim is not None and any(
-            self.fused_support(head_dim, dtype) is None for dtype in _CUDA_DTYPES
-        ):
-            self._fused_ops(dev, head_dim)
+        self._run_for(dev, dtype, Sizes(batch, 1, heads, head_dim or 1), "stepwise")
+        if head_dim is not None:
+            self._run_for(dev, dtype, Sizes(batch, 1, heads, head_dim), "auto")
 
     def _arch(self, device: torch.device) -> str:
-        from rnncc.runtime.stepwise import arch_of
+        from rnncc.runtime.kernels import arch_of
 
         return arch_of(device.index if device.index is not None else torch.cuda.current_device())
 
-    # The ops are also kept by device, but not for a device without an index ("the current
-    # device", which may change).
-    def _stepwise_ops(self, device: torch.device) -> StepwiseOps:
-        ops = self._stepwise_at.get(device)
+    def _run_for(
+        self, device: torch.device, dtype: torch.dtype, sizes: Sizes, backend: str
+    ) -> tuple[Plan, KernelOps]:
+        """The plan for a call and the ops that launch it, solved and built on first use and
+        kept (a device without an index, "the current device", is looked up each time)."""
+        B, _, NH, D = sizes
+        key = (device, dtype, B, NH, D, backend)
+        found = self._runs.get(key)
+        if found is not None:
+            return found
+        from rnncc.runtime.kernels import KernelOps
+        from rnncc.tiling import Problem, caps_for_device, solve
+        from rnncc.variants import BY_NAME, VARIANTS
+
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        arch = self._arch(device)
+        problem = Problem.from_cell(
+            self.ir, heads=NH, head_dim=D, batch=B, dtype=DTYPE_NAMES[dtype]
+        )
+        variants = {
+            "auto": VARIANTS,
+            "fused": tuple(v for v in VARIANTS if v.host == "fused"),
+            "stepwise": (BY_NAME["stepwise"],),
+        }[backend]
+        plan = solve(problem, caps_for_device(index), variants)
+        build_key = (arch, json.dumps(plan.build, sort_keys=True))
+        ops = self._ops.get(build_key)
         if ops is None:
-            from rnncc.runtime.stepwise import StepwiseOps
-
-            arch = self._arch(device)
-            ops = self._stepwise.get(arch)
-            if ops is None:
-                ops = self._stepwise[arch] = StepwiseOps(self.ir, self.backward_ir, arch)
-            if device.index is not None:
-                self._stepwise_at[device] = ops
-        return ops
-
-    def _fused_ops(self, device: torch.device, head_dim: int) -> FusedOps:
-        ops = self._fused_at.get((device, head_dim))
-        if ops is None:
-            from rnncc.runtime.stepwise import FusedOps
-
-            key = (self._arch(device), head_dim)
-            ops = self._fused.get(key)
-            if ops is None:
-                ops = self._fused[key] = FusedOps(self.ir, self.backward_ir, key[0], head_dim)
-            if device.index is not None:
-                self._fused_at[(device, head_dim)] = ops
-        return ops
+            ops = self._ops[build_key] = KernelOps(self.ir, self.backward_ir, plan.build, arch)
+        if device.index is not None:
+            self._runs[key] = (plan, ops)
+        return plan, ops
 
     def _warn_once(self, key: Hashable, message: Callable[[], str]) -> None:
         # ``message`` is built only to warn: the fallback it reports runs on every call.
@@ -284,9 +303,12 @@ class CompiledCell:
             self._warned.add(key)
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
-    def _choose(self, backend: str, Wx: torch.Tensor, head_dim: int) -> str:
+    def _cuda_run(
+        self, backend: str, Wx: torch.Tensor, sizes: Sizes
+    ) -> tuple[Plan, KernelOps] | None:
+        """The plan and ops of a CUDA call, or None where the reference runs it."""
         if backend == "reference":
-            return backend
+            return None
         on_cuda = Wx.is_cuda
         if backend in ("stepwise", "fused"):
             if not on_cuda:
@@ -299,36 +321,43 @@ class CompiledCell:
                     f"backend='{backend}' stores float32, float16 or bfloat16; Wx has dtype "
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
-            if backend == "fused":
-                reason = self.fused_support(head_dim, Wx.dtype)
-                if reason is not None:
-                    raise TilingError(
-                        f"cell '{self.name}': no fused kernel for head dim {head_dim}: {reason}; "
-                        "use backend='stepwise' (or 'auto')"
-                    )
-            return backend
-        if backend == "auto" and on_cuda:
-            if Wx.dtype not in _CUDA_DTYPES:
-                self._warn_once(
-                    "reference",
-                    lambda: (
-                        f"{Wx.dtype} on {Wx.device} runs on the reference backend (a Python "
-                        "loop over time steps); the CUDA backends store float32, float16 or bfloat16"
-                    ),
-                )
-                return "reference"
-            reason = self.fused_support(head_dim, Wx.dtype)
-            if reason is None:
-                return "fused"
+            try:
+                return self._run_for(Wx.device, Wx.dtype, sizes, backend)
+            except TilingError as err:
+                raise TilingError(
+                    f"cell '{self.name}': no fused kernel for head dim {sizes.D}: {err}\n"
+                    "use backend='stepwise' (or 'auto')"
+                ) from None
+        if not on_cuda:
+            return None
+        if Wx.dtype not in _CUDA_DTYPES:
             self._warn_once(
-                ("stepwise", head_dim, Wx.dtype),
+                "reference",
                 lambda: (
-                    f"no fused kernel for head dim {head_dim} ({reason}); running the "
-                    "stepwise backend (one matrix product and one kernel launch per step)"
+                    f"{Wx.dtype} on {Wx.device} runs on the reference backend (a Python "
+                    "loop over time steps); the CUDA backends store float32, float16 or bfloat16"
                 ),
             )
-            return "stepwise"
-        return "reference"
+            return None
+        run = self._run_for(Wx.device, Wx.dtype, sizes, "auto")
+        plan = run[0]
+        if not plan.fused:
+            self._warn_once(
+                ("stepwise", sizes.D, Wx.dtype),
+                lambda: (
+                    f"no fused kernel for head dim {sizes.D} ({_why_not_fused(plan)}); running "
+                    "the stepwise backend (one matrix product and one kernel launch per step)"
+                ),
+            )
+        return run
+
+
+def _why_not_fused(plan: Plan) -> str:
+    reasons = [
+        f"{a.variant}: {', '.join(a.binding)}" if a.binding else f"{a.variant} costs more"
+        for a in plan.alternatives
+    ]
+    return "; ".join(reasons) or "no fused variant stores this dtype"
 
 
 def from_serialized(data: dict[str, Any], warnings_: tuple[Diagnostic, ...] = ()) -> CompiledCell:

@@ -2,8 +2,9 @@
 
 DIR becomes an importable Python package (its name must be an identifier, not a keyword):
 ``cell.json`` (forward and backward IR with the source, ``rnncc.ir.serialize``), ``cell.rnn``
-(the source as written), ``kernels/`` (the stepwise backend's generated CUDA and headers, the
-bytes the runtime regenerates), ``plan.txt`` / ``plan.json`` when sizes were given, and
+(the source as written), ``kernels/`` (the generated CUDA and headers of the stepwise kernels
+and, when sizes were given, of the variant the plan chose: the bytes the runtime generates),
+``plan.txt`` / ``plan.json`` when sizes were given, and
 ``__init__.py``, which loads ``cell.json`` into ``cell`` without running the front end.
 
 ``.rnncc-package.json``, the manifest, lists every file rnncc wrote. A recompile replaces
@@ -19,19 +20,21 @@ import json
 import keyword
 import os
 import stat
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 from rnncc import __version__
 from rnncc.autodiff import derive_backward
 from rnncc.codegen.escape import json_text, python_string
-from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.errors import RnnccError
 from rnncc.ir.cell import Cell
 from rnncc.ir.serialize import dump_cells
 from rnncc.resources import templates_dir
 from rnncc.runtime.api import CompiledCell, from_serialized
 from rnncc.runtime.files import atomic_write
+from rnncc.variants import BY_NAME
+from rnncc.variants.stepwise import BUILD as STEPWISE_BUILD
 
 #: The manifest's file name inside a package, and the format it is written in.
 MANIFEST = ".rnncc-package.json"
@@ -66,7 +69,13 @@ def RNN(*args, **kwargs):
 '''
 
 
-def write_package(cell: Cell, out: Path, *, plan: Mapping[str, str] | None = None) -> Path:
+def write_package(
+    cell: Cell,
+    out: Path,
+    *,
+    plan: Mapping[str, str] | None = None,
+    builds: Sequence[Mapping[str, Any]] = (STEPWISE_BUILD,),
+) -> Path:
     """Write ``out`` as a package of ``cell``, replacing only the files an earlier rnncc
     package there lists in its manifest; ``plan`` maps file names (``plan.txt``,
     ``plan.json``) to their text. Raises ``RnnccError`` before writing anything when the
@@ -77,7 +86,7 @@ def write_package(cell: Cell, out: Path, *, plan: Mapping[str, str] | None = Non
             f"{out}: a package folder needs a Python identifier as its name "
             f"(its import name), not {out.name!r}"
         )
-    files = package_files(cell, out.name, plan or {})
+    files = package_files(cell, out.name, plan or {}, builds)
     for rel in files:
         if not _is_inside(rel):
             raise RnnccError(f"cell '{cell.name}': {rel!r} is not a file name inside a package")
@@ -103,14 +112,22 @@ def write_package(cell: Cell, out: Path, *, plan: Mapping[str, str] | None = Non
     return out
 
 
-def package_files(cell: Cell, package: str, plan: Mapping[str, str]) -> dict[str, bytes]:
+def package_files(
+    cell: Cell,
+    package: str,
+    plan: Mapping[str, str],
+    builds: Sequence[Mapping[str, Any]] = (STEPWISE_BUILD,),
+) -> dict[str, bytes]:
     """Every file of the package of ``cell`` named ``package``: relative POSIX path → bytes,
-    in the order they are written (``cell.json`` and ``__init__.py`` last)."""
+    in the order they are written (``cell.json`` and ``__init__.py`` last). ``builds``: the
+    build records of the kernel libraries whose sources go into ``kernels/``."""
     backward = derive_backward(cell)
-    src = generate_stepwise(cell, backward)
-    files = {f"kernels/{src.filename}": src.text.encode("utf-8")}
-    for header in src.headers:
-        files[f"kernels/{header}"] = (templates_dir() / header).read_bytes()
+    files: dict[str, bytes] = {}
+    for build in builds:
+        src = BY_NAME[build["variant"]].render(cell, backward, build)
+        files[f"kernels/{src.filename}"] = src.text.encode("utf-8")
+        for header in src.headers:
+            files[f"kernels/{header}"] = (templates_dir() / header).read_bytes()
     files["cell.rnn"] = (cell.source.text if cell.source else "").encode("utf-8")
     for name, text in plan.items():
         files[name] = text.encode("utf-8")

@@ -1,31 +1,26 @@
-"""Tiling: problem and hardware caps → the feasible tiling plans, ranked by a cost model.
+"""Tiling: a problem and the device's caps → the plan of the kernel variant that runs it.
 
-``hardware`` (caps of a device or a named GPU), ``problem`` (sizes and the cell's pointwise
-cost), ``model`` (variables, domains, named constraints, the layout a point implies), ``cost``
-(µs per step), ``plan`` (``TilingPlan`` and ``explain``), ``solve`` (python-constraint2,
-ranking, diagnosis of infeasible problems), ``command`` (the ``rnncc plan`` subcommand).
-Nothing touches a GPU or parses a cell at import time.
+``problem`` (sizes, storage dtype, the cell's counts and pointwise cost), ``hardware`` (caps
+of a device or a named GPU), ``solve`` (each variant's points through python-constraint2,
+ranked by the variants' cost models; diagnosis of infeasible problems) and ``plan`` (``Plan``,
+``explain``). The variants themselves live in ``rnncc.variants``. Nothing touches a GPU or
+parses a cell at import time.
 """
 
 from rnncc.errors import TilingError
-from rnncc.tiling.cost import Cost
 from rnncc.tiling.hardware import HardwareCaps, caps_for_arch, caps_for_device
-from rnncc.tiling.model import Model, Point
-from rnncc.tiling.plan import TilingPlan
+from rnncc.tiling.plan import Alternative, Plan
 from rnncc.tiling.problem import Problem
-from rnncc.tiling.solve import check_plan, feasible_plans, solve
+from rnncc.tiling.solve import feasible_plans, solve
 
 __all__ = [
-    "Cost",
+    "Alternative",
     "HardwareCaps",
-    "Model",
-    "Point",
+    "Plan",
     "Problem",
     "TilingError",
-    "TilingPlan",
     "caps_for_arch",
     "caps_for_device",
-    "check_plan",
     "feasible_plans",
     "solve",
 ]

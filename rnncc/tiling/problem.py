@@ -1,7 +1,7 @@
 """The tiling problem: sizes, storage dtype and the pointwise cost of a cell.
 
-Input: an IR cell (through ``cell.gr_names``, ``cell.states`` and ``rnncc.ir.op_counts``
-only) and the sizes (heads, head dim, batch, dtype). Output: a frozen ``Problem``.
+Input: an IR cell (its declarations' counts and ``rnncc.ir.op_counts`` only) and the sizes
+(heads, head dim, batch, dtype). Output: a frozen ``Problem``.
 
 The pointwise cost is per element (one hidden unit of one batch column) per step: MUFU
 instructions (special functions at their own throughput), plain ALU instructions, and the
@@ -69,6 +69,10 @@ class Problem:
     batch: int
     dtype: str = "bf16"
     n_states: int = 1
+    gates_x: int = -1  # W x gates; -1: as many as gates_r
+    gates_b: int = -1  # bias gates; -1: as many as gates_r
+    n_params: int = 0
+    n_outputs: int = 1
     mufu_ops: int = 0  # MUFU instructions per element per step
     alu_ops: int = 0  # plain fp32 instructions per element per step
     cell_regs: int = 8  # registers the cell's temporaries need per element in flight
@@ -77,7 +81,19 @@ class Problem:
         for field in ("heads", "head_dim", "batch", "n_states"):
             if getattr(self, field) < 1:
                 raise ValueError(f"{field} must be positive, got {getattr(self, field)}")
-        for field in ("gates_r", "mufu_ops", "alu_ops", "cell_regs"):
+        if self.gates_x < 0:
+            object.__setattr__(self, "gates_x", self.gates_r)
+        if self.gates_b < 0:
+            object.__setattr__(self, "gates_b", self.gates_r)
+        for field in (
+            "gates_r",
+            "gates_x",
+            "gates_b",
+            "n_params",
+            "mufu_ops",
+            "alu_ops",
+            "cell_regs",
+        ):
             if getattr(self, field) < 0:
                 raise ValueError(f"{field} must not be negative, got {getattr(self, field)}")
         if self.dtype not in DTYPES:
@@ -89,12 +105,8 @@ class Problem:
 
     @property
     def gates_in(self) -> int:
-        """Gate values per element loaded from ``Wx`` each step (sizes the prefetch buffer).
-
-        Taken as Gr (one per gate of the product), at least one; the interface does not carry
-        Gx, and for every example cell Gx == Gr.
-        """
-        return max(self.gates_r, 1)
+        """Gate values per element loaded from ``Wx`` each step, at least one."""
+        return max(self.gates_x, 1)
 
     @property
     def r_bytes_per_head(self) -> int:
@@ -121,8 +133,8 @@ class Problem:
     ) -> Problem:
         """The problem of an IR cell at the given sizes.
 
-        Reads ``cell.gr_names``, ``cell.states`` and ``rnncc.ir.op_counts(cell)`` (or the
-        ``op_counts`` given) and nothing else of the cell.
+        Reads the counts of the cell's gates, states, params and outputs and
+        ``rnncc.ir.op_counts(cell)`` (or the ``op_counts`` given), nothing else of the cell.
         """
         if op_counts is None:
             op_counts = importlib.import_module("rnncc.ir").op_counts(cell)
@@ -135,6 +147,10 @@ class Problem:
             batch=batch,
             dtype=dtype,
             n_states=n_states,
+            gates_x=len(tuple(cell.gx_names)),
+            gates_b=len(tuple(cell.gb_names)),
+            n_params=len(tuple(cell.params)),
+            n_outputs=len(tuple(cell.outputs)),
             mufu_ops=mufu,
             alu_ops=alu,
             cell_regs=estimate_cell_regs(op_counts),

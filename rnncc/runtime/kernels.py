@@ -1,17 +1,21 @@
-"""The stepwise CUDA backend as a PyTorch custom op with autograd.
+"""A kernel variant's library for one cell, as PyTorch custom ops with autograd.
 
-Input: a checked cell and its backward cell. Output: a ``StepwiseOps`` whose ``__call__`` runs
-``(y, last)`` on CUDA tensors. Two libraries are involved:
+Input: a checked cell, its backward cell and a plan's ``build`` record. Output: ``KernelOps``,
+called like the cell with the plan's ``Launch``. Two libraries are involved:
 
 - the host loop (``templates/stepwise_host.cpp``), generic over cells, built once per
   torch/CUDA/arch and loaded into torch as the ``rnncc_host`` op namespace;
-- the cell's kernels (``rnncc.codegen.stepwise``), a torch-free library whose ``extern "C"``
-  launchers the host loop calls through function pointers (``templates/rnncc_abi.h``).
+- the variant's kernels for the cell (rendered by the variant), a torch-free library whose
+  ``extern "C"`` launchers the host loop calls through function pointers
+  (``templates/rnncc_abi.h``). The build record is hashed into the library's cache key and
+  kept in its manifest, beside it.
 
-Per cell, ``torch.library`` registers ``rnncc::<cell>_<key>_forward`` and ``..._backward``
-with fake (meta) implementations and an autograd formula, so a model using
-the cell works under ``torch.compile(fullgraph=True)`` and inside CUDA graphs. The forward
-saves the per-step states and ``R h`` products (float32) only when a gradient is needed.
+Per library, ``torch.library`` registers ``rnncc::<cell>_<variant>_<key>_forward`` and
+``..._backward`` with fake (meta) implementations and an autograd formula, so a model using
+the cell works under ``torch.compile(fullgraph=True)`` and inside CUDA graphs. The launch
+(which kernel, block, grid, exchange buffer) is an argument of the ops: it depends on the
+batch, the library does not. The forward saves the per-step states and ``R h`` products
+(float32) only when a gradient is needed.
 """
 
 from __future__ import annotations
@@ -19,30 +23,25 @@ from __future__ import annotations
 import ctypes
 import functools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, TypedDict, cast
 
 import torch
 from torch import Tensor
 
-from rnncc.codegen.fused import (
-    FUSED_DTYPES,
-    exchange_words,
-    fused_support,
-    fused_tier,
-    generate_fused,
-)
-from rnncc.codegen.stepwise import HEADERS, generate_stepwise
 from rnncc.config import get_config
 from rnncc.dump import dump
-from rnncc.errors import BuildError, TilingError
+from rnncc.errors import BuildError
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
+from rnncc.variants import BY_NAME, Launch
 
-ABI_VERSION = 7
+ABI_VERSION = 8
 STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: The headers every kernel library includes.
+HEADERS = ("rnncc_abi.h", "rnncc_ops.cuh", "rnncc_mma.cuh")
 _lock = threading.Lock()
 
 _ForwardOut = tuple[Tensor, Tensor, Tensor, Tensor]  # y, last, hist, rh
@@ -56,8 +55,8 @@ class _Factory(TypedDict):
     device: torch.device
 
 
-def _header_paths() -> list[Path]:
-    return [templates_dir() / h for h in HEADERS]
+def _header_paths(names: tuple[str, ...] = HEADERS) -> list[Path]:
+    return [templates_dir() / h for h in names]
 
 
 @functools.cache
@@ -78,37 +77,21 @@ def host_library(arch: str) -> Path:
     return path
 
 
-def build_cell_library(cell: Cell, bwd: BackwardCell, arch: str) -> Path:
-    """Build (or find in the cache) the cell's kernel library for ``arch``."""
-    src = generate_stepwise(cell, bwd)
-    dump(cell.name, "stepwise.cu", src.text)
+def build_kernels(cell: Cell, bwd: BackwardCell, build: Mapping[str, Any], arch: str) -> Path:
+    """Build (or find in the cache) the library of the variant and compile-time constants in
+    ``build`` for ``cell`` on ``arch``; the record goes into the cache key and manifest."""
+    variant = BY_NAME[build["variant"]]
+    src = variant.render(cell, bwd, build)
+    dump(cell.name, src.filename, src.text)
+    size = f"head dim {build['D']}, " if "D" in build else ""
     return build_library(
-        f"rnncc_{cell.name}_stepwise",
+        variant.library_name(cell.name, build),
         {src.filename: src.text},
         arch=arch,
-        headers=_header_paths(),
-        description=f"{cell.name} stepwise kernels ({arch})",
+        headers=_header_paths(src.headers),
+        description=f"{cell.name} {variant.name} kernels ({size}{arch})",
+        plan=dict(build),
     )
-
-
-class _CellOps:
-    """A cell's registered forward op, called like the cell (inputs validated already)."""
-
-    forward_op: Callable[..., tuple[Tensor, ...]]
-    poison: bool
-
-    def __call__(
-        self,
-        Wx: Tensor,
-        R: Tensor | None,
-        b: Tensor | None,
-        states: Tensor,
-        params: Tensor | None,
-    ) -> tuple[Tensor, Tensor]:
-        inputs = [t for t in (Wx, R, b, states, params) if t is not None]
-        save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-        y, last, _, _ = self.forward_op(Wx, R, b, states, params, save, self.poison)
-        return y, last
 
 
 def _launchers(path: Path, *symbols: str) -> tuple[ctypes.CDLL, list[int]]:
@@ -125,9 +108,8 @@ def _launchers(path: Path, *symbols: str) -> tuple[ctypes.CDLL, list[int]]:
     ]
 
 
-def _dims(cell: Cell, exchange: int = 0) -> list[int]:
-    """The cell's sizes as the host loop takes them: [S, O, Gx, Gr, Gb, P, recurrent index,
-    the grid tier's exchange words per (head, batch row) or 0]."""
+def _dims(cell: Cell) -> list[int]:
+    """The cell's sizes as the host loop takes them: [S, O, Gx, Gr, Gb, P, recurrent index]."""
     rec = cell.state_names.index(cell.recurrent) if cell.recurrent else 0
     return [
         len(cell.states),
@@ -137,7 +119,6 @@ def _dims(cell: Cell, exchange: int = 0) -> list[int]:
         len(cell.gb_names),
         len(cell.params),
         rec,
-        exchange,
     ]
 
 
@@ -146,47 +127,43 @@ def _key(path: Path) -> str:
     return path.parent.name.rsplit("-", 1)[-1]
 
 
-class StepwiseOps(_CellOps):
-    """The stepwise backend of one cell on one arch; see the module docstring."""
+_ENTRY_POINTS = {
+    "stepwise": ("rnncc_forward_step", "rnncc_backward_step"),
+    "fused": ("rnncc_fused_forward", "rnncc_fused_backward"),
+}
 
-    def __init__(self, cell: Cell, bwd: BackwardCell, arch: str):
+
+class KernelOps:
+    """One variant's library for one cell on one arch, its ops registered; called like the
+    cell (inputs validated already) with a plan's launch."""
+
+    def __init__(self, cell: Cell, bwd: BackwardCell, build: Mapping[str, Any], arch: str):
+        self.build = dict(build)
         self.poison = get_config().poison  # read once: the call path must stay compile-friendly
         with _lock:  # the host library is built and loaded once per process
             host_library(arch)
-        path = build_cell_library(cell, bwd, arch)  # cell builds may run in parallel threads
-        self._lib, (fwd, bwd_fn) = _launchers(path, "rnncc_forward_step", "rnncc_backward_step")
+        path = build_kernels(cell, bwd, build, arch)  # builds may run in parallel threads
+        host = BY_NAME[build["variant"]].host
+        self._lib, (fwd, bwd_fn) = _launchers(path, *_ENTRY_POINTS[host])
+        name = f"{cell.name}_{build['variant']}_{_key(path)}"
         with _lock:  # op registration mutates one shared torch.library.Library
-            self.forward_op = _define_ops(f"{cell.name}_{_key(path)}", fwd, bwd_fn, _dims(cell))
+            self.forward_op = _define_ops(name, fwd, bwd_fn, _dims(cell), host)
 
-
-class FusedOps(_CellOps):
-    """The fused persistent forward and backward (block or grid tier) of one cell for one head dim:
-    one launch each for the whole sequence; built when some storage dtype has a kernel at
-    that head dim (the caller checks ``fused_support`` for the dtype it launches)."""
-
-    def __init__(self, cell: Cell, bwd: BackwardCell, arch: str, D: int):
-        reasons = [fused_support(cell, D, dtype) for dtype in FUSED_DTYPES]
-        if all(reasons):
-            why = "; ".join(r for r in reasons if r)
-            raise TilingError(f"cell '{cell.name}': no fused kernel for head dim {D}: {why}")
-        self.poison = get_config().poison
-        with _lock:
-            host_library(arch)
-        src = generate_fused(cell, bwd, D)
-        dump(cell.name, f"fused_d{D}.cu", src.text)
-        path = build_library(
-            f"rnncc_{cell.name}_fused_d{D}",
-            {src.filename: src.text},
-            arch=arch,
-            headers=_header_paths(),
-            description=f"{cell.name} fused kernels (head dim {D}, {arch})",
+    def __call__(
+        self,
+        Wx: Tensor,
+        R: Tensor | None,
+        b: Tensor | None,
+        states: Tensor,
+        params: Tensor | None,
+        launch: Launch,
+    ) -> tuple[Tensor, Tensor]:
+        inputs = [t for t in (Wx, R, b, states, params) if t is not None]
+        save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
+        y, last, _, _ = self.forward_op(
+            Wx, R, b, states, params, launch.as_list(), save, self.poison
         )
-        self._lib, (fwd, bwd_fn) = _launchers(path, "rnncc_fused_forward", "rnncc_fused_backward")
-        name = f"{cell.name}_fused_{_key(path)}"
-        grid = any(fused_tier(cell, D, dtype) == "grid" for dtype in FUSED_DTYPES)
-        dims = _dims(cell, exchange_words(cell, D) if grid else 0)
-        with _lock:
-            self.forward_op = _define_ops(name, fwd, bwd_fn, dims, "fused")
+        return y, last
 
 
 class _SecondOrderError(torch.autograd.Function):
@@ -224,12 +201,12 @@ _defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
 _library: torch.library.Library | None = None
 
 _FORWARD_SCHEMA = (
-    "{name}_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, bool save, "
-    "bool poison) -> (Tensor, Tensor, Tensor, Tensor)"
+    "{name}_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
+    "int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 _BACKWARD_SCHEMA = (
     "{name}_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, Tensor? params, "
-    "Tensor hist, Tensor rh, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    "Tensor hist, Tensor rh, int[] launch, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -247,7 +224,8 @@ def _define_ops(
     if _library is None:
         _library = torch.library.Library("rnncc", "FRAGMENT")
     lib = _library
-    S, O, _, Gr, _, _, _, _ = dims
+    S, O, _, Gr, _, _, _ = dims
+    fused = host == "fused"  # the stepwise host loop takes no launch: it launches per step
     lib.define(_FORWARD_SCHEMA.format(name=name))
     lib.define(_BACKWARD_SCHEMA.format(name=name))
 
@@ -257,12 +235,15 @@ def _define_ops(
         b: Tensor | None,
         states: Tensor,
         params: Tensor | None,
+        launch: list[int],
         save: bool,
         poison: bool,
     ) -> _ForwardOut:
-        out = getattr(torch.ops.rnncc_host, f"{host}_forward")(
-            Wx, R, b, states, params, fwd_ptr, dims, save, poison
-        )
+        run = getattr(torch.ops.rnncc_host, f"{host}_forward")
+        if fused:
+            out = run(Wx, R, b, states, params, fwd_ptr, dims, launch, save, poison)
+        else:
+            out = run(Wx, R, b, states, params, fwd_ptr, dims, save, poison)
         return cast(_ForwardOut, out)
 
     def forward_fake(
@@ -271,6 +252,7 @@ def _define_ops(
         b: Tensor | None,
         states: Tensor,
         params: Tensor | None,
+        launch: list[int],
         save: bool,
         poison: bool,
     ) -> _ForwardOut:
@@ -289,11 +271,14 @@ def _define_ops(
         params: Tensor | None,
         hist: Tensor,
         rh: Tensor,
+        launch: list[int],
         poison: bool,
     ) -> _BackwardOut:
-        out = getattr(torch.ops.rnncc_host, f"{host}_backward")(
-            dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison
-        )
+        run = getattr(torch.ops.rnncc_host, f"{host}_backward")
+        if fused:
+            out = run(dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, launch, poison)
+        else:
+            out = run(dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison)
         return cast(_BackwardOut, out)
 
     def backward_fake(
@@ -305,6 +290,7 @@ def _define_ops(
         params: Tensor | None,
         hist: Tensor,
         rh: Tensor,
+        launch: list[int],
         poison: bool,
     ) -> _BackwardOut:
         return (
@@ -322,12 +308,13 @@ def _define_ops(
     backward_op = getattr(torch.ops.rnncc, f"{name}_backward")
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
-        Wx, R, b, states, params, save, poison = inputs
+        Wx, R, b, states, params, launch, save, poison = inputs
         _, _, hist, rh = output
         # states only to tell a second differentiation apart (see _first_order_only).
         ctx.save_for_backward(Wx, R, b, states, params, hist, rh)
         ctx.has = (R is not None, b is not None, params is not None)
         ctx.poison = poison
+        ctx.launch = launch
         ctx.states_shape = states.shape
         ctx.states_dtype = states.dtype
         ctx.save = save
@@ -353,7 +340,7 @@ def _define_ops(
         if dlast is None:
             dlast = Wx.new_zeros(ctx.states_shape)
         dWx, dR, db, dstates, dparams = backward_op(
-            dy, dlast.to(Wx.dtype), Wx, R, b, params, hist, rh, ctx.poison
+            dy, dlast.to(Wx.dtype), Wx, R, b, params, hist, rh, ctx.launch, ctx.poison
         )
         has_r, has_b, has_p = ctx.has
         grads: tuple[Tensor | None, ...] = (
@@ -365,7 +352,7 @@ def _define_ops(
         )
         if torch.is_grad_enabled():  # create_graph=True
             grads = _first_order_only(host, (dy, dlast, Wx, R, b, states, params), grads)
-        return (*grads, None, None)
+        return (*grads, None, None, None)
 
     torch.library.register_autograd(
         f"rnncc::{name}_forward", grad, setup_context=setup_context, lib=lib

@@ -1,0 +1,50 @@
+"""Cost terms the variants share: per-step fixed costs and the rates of the product and cell.
+
+The fixed costs are fits to the kernels' own per-step times on an H100 80GB HBM3 (T = 1024,
+``benchmarks/variant_costs.py`` reports the model against the clock); the rates come from
+``HardwareCaps``, so other devices scale by their clocks and SM counts.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rnncc.tiling.hardware import HardwareCaps
+    from rnncc.tiling.problem import Problem
+
+#: A block-tier step beyond its product and cell: two block barriers, the W x prefetch, the
+#: stores of the step's outputs.
+BLOCK_STEP_US = 0.25
+#: A grid-tier step beyond its product, cell and exchange bytes: publishing h, waiting for
+#: the counters of the other blocks, the L2 round trip.
+GRID_STEP_US = 1.45
+#: The grid tier's exchange: bytes a block gathers from L2 per µs after its wait.
+GRID_GATHER_BYTES_PER_US = 30e3
+#: A stepwise step: a batched matrix product and a pointwise kernel, launched from the host
+#: loop (launch-bound at the problem sizes rnncc targets).
+STEPWISE_STEP_US = 24.0
+STEPWISE_BACKWARD_US = 36.0
+
+
+def cycles_us(cycles: float, caps: HardwareCaps) -> float:
+    return cycles * 1e-3 / caps.clock_ghz
+
+
+def pointwise_us(p: Problem, caps: HardwareCaps, elements: int) -> float:
+    """The cell on ``elements`` elements of one SM: MUFU and ALU throughput, or the chain of
+    one element's dependent instructions, whichever is longer."""
+    per_element = p.mufu_ops / caps.mufu_per_clk + p.alu_ops / caps.fp32_fma_per_clk
+    chain = (p.mufu_ops * 20 + p.alu_ops * 4) * 0.5
+    return cycles_us(max(elements * per_element, chain), caps)
+
+
+def mma_us(fmas: float, caps: HardwareCaps) -> float:
+    """Tensor-core products of ``fmas`` multiply-adds on one SM (mma.sync)."""
+    return cycles_us(fmas / caps.mma_fma_per_clk, caps)
+
+
+def block_waves(blocks: int, caps: HardwareCaps) -> float:
+    """How many times longer ``blocks`` independent blocks take than one per SM: blocks that
+    share an SM share its issue slots and tensor cores."""
+    return max(1.0, blocks / caps.sm_count)

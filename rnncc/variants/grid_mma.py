@@ -1,0 +1,291 @@
+"""Grid MMA: the fused 16-bit kernels for heads whose R does not fit one SM.
+
+A head's units are split over blocks of 8 (narrow, ``unit_tiles`` 1) or 16 (wide, 2) units,
+each keeping its part of R in registers as mma fragments, the product's k split over the
+block's warps; a block also owns ``n_tiles`` × 8 batch rows. h (forward) and dg (backward)
+go through an exchange buffer in global memory behind a counter per batch chunk, each block
+waiting only for the values it reads. Every block of a launch must be resident at once (one
+per SM, a cooperative launch); (head, chunk) pairs beyond that run in further launches.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rnncc.codegen.fused import grid_lines, render_fused
+from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
+from rnncc.variants.costs import (
+    GRID_GATHER_BYTES_PER_US,
+    GRID_STEP_US,
+    mma_us,
+    pointwise_us,
+)
+
+if TYPE_CHECKING:
+    from rnncc.codegen.stepwise import GeneratedSource
+    from rnncc.ir.cell import BackwardCell, Cell
+    from rnncc.tiling.hardware import HardwareCaps
+    from rnncc.tiling.problem import Problem
+
+#: The kernels a library holds, (n_tiles, unit_tiles) in the order they are built.
+KERNELS = ((1, 1), (1, 2), (2, 2), (4, 2), (2, 1), (4, 1), (8, 1))
+#: Wide blocks (16 units: 384 threads at most, so 168 registers each, R's fragments 64 of
+#: them) only for cells with at most this many states plus params, up to this head dim;
+#: larger ones spilled in ptxas.
+WIDE_MAX_STATE_WORDS = 2
+WIDE_MAX_HEAD_DIM = 768
+#: Warps a block's product may take: narrow, and wide.
+MAX_WARPS = {1: 32, 2: 12}
+BACKWARD_FACTOR = 1.6
+
+
+def k_tiles(p: Problem) -> int:
+    return cdiv(p.head_dim, 16)
+
+
+def gate_pairs(p: Problem) -> int:
+    """The m tiles of R·h per unit tile: gate pairs, at least one."""
+    return max(cdiv(p.gates_r, 2), 1)
+
+
+def gate_tiles(p: Problem) -> int:
+    """k tiles of dgᵀ·R: the gate rows, gate-major, of the head dim padded to 16."""
+    return max(p.gates_r, 1) * k_tiles(p)
+
+
+def forward_warps(p: Problem, uw: int) -> tuple[int, int]:
+    """(warps, k tiles each) of R·h: 16 k tiles' fragments per warp at most (64 registers),
+    fewer where the block's gate pairs take more."""
+    kt = 1 if gate_pairs(p) * uw >= 16 else 16 // (gate_pairs(p) * uw)
+    w = cdiv(k_tiles(p), kt)
+    return w, cdiv(k_tiles(p), w)
+
+
+def backward_warps(p: Problem, uw: int) -> tuple[int, int]:
+    """(warps, k tiles each) of dgᵀ·R. Narrow (R as B fragments, 2 registers per k tile): 24
+    k tiles per warp while that takes at most 8 warps, else 32. Wide (R as A fragments, 4
+    per k tile): 8 k tiles per warp while that takes at most 12 warps, else 16."""
+    g = gate_tiles(p)
+    if uw == 2:
+        w = cdiv(g, 8) if cdiv(g, 8) <= 12 else cdiv(g, 16)
+    else:
+        w = cdiv(g, 24) if cdiv(g, 24) <= 8 else cdiv(g, 32)
+    return w, cdiv(g, w)
+
+
+def threads(warps: int, nt: int, uw: int) -> int:
+    """A block's threads: its product warps, or a cell warp per (unit tile, n tile)."""
+    return 32 * max(warps, uw * nt)
+
+
+def forward_smem(p: Problem, nt: int, uw: int) -> int:
+    """The warps' partial R·h, float."""
+    return forward_warps(p, uw)[0] * uw * gate_pairs(p) * nt * 4 * 32 * 4
+
+
+def backward_smem(p: Problem, nt: int, uw: int) -> int:
+    """The warps' partial dgᵀ·R, float, and the block's biases and params."""
+    tiles = nt if uw == 2 else cdiv(nt, 2)
+    side = (max(p.gates_b, 1) + max(p.n_params, 1)) * 8 * uw * 4
+    return backward_warps(p, uw)[0] * tiles * 4 * 32 * 4 + side
+
+
+def exchange_words(p: Problem) -> int:
+    """16-bit exchange values per (head, batch row): dg's gate rows in fragment order, whole
+    pairs of k tiles (h fits in them)."""
+    return 32 * cdiv(gate_tiles(p), 2)
+
+
+def blocks_per_head(p: Problem, uw: int) -> int:
+    return cdiv(cdiv(p.head_dim, 8), uw)
+
+
+def wide_allowed(p: Problem) -> bool:
+    return p.n_states + p.n_params <= WIDE_MAX_STATE_WORDS and p.head_dim <= WIDE_MAX_HEAD_DIM
+
+
+# -- constraints ---------------------------------------------------------------------------
+
+
+def r_tile_fits_registers(p: Problem, caps: HardwareCaps) -> bool:
+    return gate_pairs(p) <= 16
+
+
+def head_blocks_co_resident(p: Problem, caps: HardwareCaps, uw: int) -> bool:
+    return blocks_per_head(p, uw) <= caps.sm_count
+
+
+def product_warps(p: Problem, caps: HardwareCaps, uw: int) -> bool:
+    most = max(forward_warps(p, uw)[0], backward_warps(p, uw)[0])
+    return most <= MAX_WARPS[uw] and 32 * most <= caps.max_threads_per_block
+
+
+def wide_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:
+    return uw == 1 or wide_allowed(p)
+
+
+def kernel_exists(p: Problem, caps: HardwareCaps, nt: int, uw: int) -> bool:
+    return (nt, uw) in KERNELS
+
+
+def smem_limit(caps: HardwareCaps) -> int:
+    return min(caps.smem_per_block_optin, LIBRARY_SMEM)
+
+
+def partial_sums_fit_shared_memory(p: Problem, caps: HardwareCaps, nt: int, uw: int) -> bool:
+    return max(forward_smem(p, nt, uw), backward_smem(p, nt, uw)) <= smem_limit(caps)
+
+
+def batch_tiles_needed(p: Problem, caps: HardwareCaps, nt: int) -> bool:
+    """More batch rows per block than the batch has only for the smallest tile."""
+    return nt == 1 or 8 * (nt // 2) < p.batch
+
+
+def _kernel_table(p: Problem, caps_smem: int) -> list[dict[str, int]]:
+    table = []
+    for nt, uw in KERNELS:
+        if uw == 2 and not wide_allowed(p):
+            continue
+        fw, bw = forward_warps(p, uw), backward_warps(p, uw)
+        if max(fw[0], bw[0]) > MAX_WARPS[uw]:
+            continue
+        fs, bs = forward_smem(p, nt, uw), backward_smem(p, nt, uw)
+        if max(fs, bs) > caps_smem:
+            continue
+        table.append(
+            {
+                "n_tiles": nt,
+                "unit_tiles": uw,
+                "fw_warps": fw[0],
+                "fw_k_tiles": fw[1],
+                "bw_warps": bw[0],
+                "bw_k_tiles": bw[1],
+                "fw_threads": threads(fw[0], nt, uw),
+                "bw_threads": threads(bw[0], nt, uw),
+                "fw_smem": fs,
+                "bw_smem": bs,
+            }
+        )
+    return table
+
+
+#: Dynamic shared memory the library's kernels are built for at most (a block's opt-in on
+#: sm_90); a device with less rules out, through the constraint, the kernels that need more.
+LIBRARY_SMEM = 227 * 1024
+
+
+class GridMma(Variant):
+    name = "grid_mma"
+    summary = "mma.sync grid tier: a head's units over co-resident blocks, h exchanged through L2"
+    dtypes = ("fp16", "bf16")
+    host = "fused"
+    constraints = (
+        Constraint(
+            "r_tile_fits_registers",
+            "one k tile of R (4 registers per gate pair) takes at most 64 registers",
+            r_tile_fits_registers,
+            usage=lambda p, caps, pt: (gate_pairs(p), 16),
+        ),
+        Constraint(
+            "kernel_exists",
+            "the library builds blocks of (n_tiles, unit_tiles) in "
+            + ", ".join(str(k) for k in KERNELS),
+            kernel_exists,
+            ("n_tiles", "unit_tiles"),
+        ),
+        Constraint(
+            "wide_blocks_fit_registers",
+            f"wide blocks (16 units) only for cells of at most {WIDE_MAX_STATE_WORDS} states "
+            f"plus params and head dims ≤ {WIDE_MAX_HEAD_DIM}",
+            wide_blocks_fit_registers,
+            ("unit_tiles",),
+        ),
+        Constraint(
+            "product_warps",
+            "a block's product takes at most 32 warps (narrow) or 12 (wide)",
+            product_warps,
+            ("unit_tiles",),
+        ),
+        Constraint(
+            "head_blocks_co_resident",
+            "the blocks of one head are resident at once, one per SM",
+            head_blocks_co_resident,
+            ("unit_tiles",),
+            usage=lambda p, caps, pt: (blocks_per_head(p, pt["unit_tiles"]), caps.sm_count),
+        ),
+        Constraint(
+            "partial_sums_fit_shared_memory",
+            "a block's partial products fit its opt-in shared memory",
+            partial_sums_fit_shared_memory,
+            ("n_tiles", "unit_tiles"),
+            usage=lambda p, caps, pt: (
+                max(
+                    forward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
+                    backward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
+                ),
+                smem_limit(caps),
+            ),
+        ),
+        Constraint(
+            "batch_tiles_needed",
+            "a block takes more batch rows only when the batch has them",
+            batch_tiles_needed,
+            ("n_tiles",),
+        ),
+    )
+
+    def domains(self, problem: Problem, caps: HardwareCaps) -> dict[str, tuple[Any, ...]]:
+        return {"n_tiles": (1, 2, 4, 8), "unit_tiles": (1, 2)}
+
+    def build(self, problem: Problem) -> dict[str, Any]:
+        return {
+            "variant": self.name,
+            "D": problem.head_dim,
+            "exchange_words": exchange_words(problem),
+            "kernels": _kernel_table(problem, LIBRARY_SMEM),
+        }
+
+    def _kernel(self, problem: Problem, point: Point) -> tuple[int, dict[str, int]]:
+        table = _kernel_table(problem, LIBRARY_SMEM)
+        for i, k in enumerate(table):
+            if (k["n_tiles"], k["unit_tiles"]) == (point["n_tiles"], point["unit_tiles"]):
+                return i, k
+        raise ValueError(f"grid_mma builds no kernel for {dict(point)} at {problem.describe()}")
+
+    def _split(self, problem: Problem, caps: HardwareCaps, point: Point) -> tuple[int, int, int]:
+        """(heads per launch, chunks per launch, launches) with at most one block per SM."""
+        p, nt, uw = problem, point["n_tiles"], point["unit_tiles"]
+        units, chunks = blocks_per_head(p, uw), cdiv(p.batch, 8 * nt)
+        capacity = caps.sm_count
+        if units * chunks <= capacity:
+            heads, per = max(1, min(p.heads, capacity // (units * chunks))), chunks
+        else:
+            heads, per = 1, max(1, capacity // units)
+        return heads, per, cdiv(p.heads, heads) * cdiv(chunks, per)
+
+    def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:
+        index, k = self._kernel(problem, point)
+        heads, chunks, launches = self._split(problem, caps, point)
+        grid = (blocks_per_head(problem, point["unit_tiles"]), heads, chunks)
+        b8 = cdiv(problem.batch, 8) * 8
+        words = problem.heads * b8 * exchange_words(problem) + problem.heads * (b8 // 8)
+        return Launch(
+            KernelLaunch(index, k["fw_threads"], k["fw_smem"], grid, launches),
+            KernelLaunch(index, k["bw_threads"], k["bw_smem"], grid, launches),
+            exchange_words(problem),
+            words,
+        )
+
+    def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
+        p, nt, uw = problem, point["n_tiles"], point["unit_tiles"]
+        rows, units = 8 * nt, 8 * uw
+        gather = rows * p.head_dim * p.dtype_bytes / GRID_GATHER_BYTES_PER_US
+        product = mma_us(max(p.gates_r, 1) * units * k_tiles(p) * 16 * rows, caps)
+        cell = pointwise_us(p, caps, units * rows)
+        terms = (("wait", GRID_STEP_US), ("gather", gather), ("product", product), ("cell", cell))
+        unit = sum(us for _, us in terms)
+        launches = self._split(p, caps, point)[2]
+        return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)
+
+    def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
+        return render_fused(cell, self.name, build, grid=grid_lines(cell, bwd))

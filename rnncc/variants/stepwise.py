@@ -1,0 +1,45 @@
+"""Stepwise: per step one batched matrix product and one generated pointwise kernel.
+
+Runs any size and every storage dtype; the host loop (``templates/stepwise_host.cpp``)
+launches both kernels each step, so a step costs launches rather than arithmetic at the sizes
+rnncc targets. The fallback, and the baseline the fused variants are checked against.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rnncc.codegen.stepwise import generate_stepwise
+from rnncc.variants.base import Cost, Launch, Point, Variant
+from rnncc.variants.costs import STEPWISE_BACKWARD_US, STEPWISE_STEP_US
+
+if TYPE_CHECKING:
+    from rnncc.codegen.stepwise import GeneratedSource
+    from rnncc.ir.cell import BackwardCell, Cell
+    from rnncc.tiling.hardware import HardwareCaps
+    from rnncc.tiling.problem import Problem
+
+#: Threads of a block of the pointwise kernels (one thread per element).
+THREADS = 256
+#: The build record: the stepwise library does not depend on the sizes.
+BUILD = {"variant": "stepwise", "threads": THREADS}
+
+
+class Stepwise(Variant):
+    name = "stepwise"
+    summary = "stepwise: per step a batched matrix product and a generated pointwise kernel"
+    dtypes = ("fp32", "fp16", "bf16")
+    host = "stepwise"
+
+    def build(self, problem: Problem) -> dict[str, Any]:
+        return dict(BUILD)
+
+    def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:
+        return Launch(None, None)
+
+    def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
+        terms = (("launches", STEPWISE_STEP_US),)
+        return Cost(terms, 1, STEPWISE_STEP_US, STEPWISE_BACKWARD_US)
+
+    def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
+        return generate_stepwise(cell, bwd, threads=build["threads"])
