@@ -6,18 +6,30 @@ from pathlib import Path
 
 import rnncc
 from rnncc.config import override
-from rnncc.runtime.stepwise import build_cell_library
+from rnncc.runtime.kernels import build_kernels
+from rnncc.tiling import Problem
+from rnncc.variants import BY_NAME
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_stages_are_dumped(tmp_path, monkeypatch):
-    monkeypatch.setattr("rnncc.runtime.stepwise.build_library", lambda *a, **k: tmp_path / "x.so")
+    monkeypatch.setattr("rnncc.runtime.kernels.build_library", lambda *a, **k: tmp_path / "x.so")
     with override(dump_dir=tmp_path):
         cell = rnncc.load(ROOT / "examples" / "gru.rnn")
-        build_cell_library(cell.ir, cell.backward_ir, "sm_90a")
+        problem = Problem.from_cell(cell.ir, heads=1, head_dim=64, batch=16)
+        for name in ("stepwise", "block_mma"):
+            build = BY_NAME[name].build(problem)
+            build_kernels(cell.ir, cell.backward_ir, build, "sm_90a")
     names = sorted(p.name for p in tmp_path.iterdir())
-    assert names == ["gru.ast.txt", "gru.backward.rnn", "gru.ir.rnn", "gru.stepwise.cu"]
+    assert names == [
+        "gru.ast.txt",
+        "gru.backward.rnn",
+        "gru.block_mma_d64.cu",
+        "gru.ir.rnn",
+        "gru.stepwise.cu",
+    ]
+    assert "fused_forward_mma" in (tmp_path / "gru.block_mma_d64.cu").read_text()
     assert "cell gru(h)" in (tmp_path / "gru.ir.rnn").read_text()
     assert "backward gru {" in (tmp_path / "gru.backward.rnn").read_text()
     assert "CellDef" in (tmp_path / "gru.ast.txt").read_text()

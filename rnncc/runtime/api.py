@@ -41,7 +41,7 @@ from rnncc.runtime.validate import Sizes, validate
 
 if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
     from rnncc.runtime.kernels import KernelOps
-    from rnncc.tiling import Plan
+    from rnncc.tiling import HardwareCaps, Plan
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
 #: The CUDA backends' storage dtypes, as the planner spells them.
@@ -79,9 +79,10 @@ class CompiledCell:
         #: The plan of the last CUDA call: what it launched (None after a reference call).
         self.last_plan: Plan | None = None
         self._warned: set[Hashable] = set()
+        self._plans: dict[tuple[Any, ...], Plan] = {}  # by (device, dtype, B, NH, D, backend)
         self._ops: dict[tuple[str, str], KernelOps] = {}  # by (arch, build record)
-        # The plan and ops of a call, by (device, dtype, B, NH, D, backend).
-        self._runs: dict[tuple[Any, ...], tuple[Plan, KernelOps]] = {}
+        # The same by (device, id(plan)), with the plan (so that its id stays its own).
+        self._ops_at: dict[tuple[torch.device, int], tuple[Plan, KernelOps]] = {}
         self._defaults: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
 
     # ---- description ---------------------------------------------------------------------
@@ -180,11 +181,11 @@ class CompiledCell:
             states = self._declared(sizes, Wx, states=True)
         if params is None and self.ir.params:
             params = self._declared(sizes, Wx, states=False)
-        run = self._cuda_run(backend, Wx, sizes)
-        if run is None:
+        plan = self._choose(backend, Wx, sizes)
+        if plan is None:
             self.last_backend, self.last_plan = "reference", None
             return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
-        plan, ops = run
+        ops = self._ops_for(Wx.device, plan)
         self.last_backend = "fused" if plan.fused else "stepwise"
         self.last_plan = plan
         return ops(Wx, R, b, states, params, plan.launch)
@@ -240,7 +241,7 @@ class CompiledCell:
             raise ValueError(
                 f"plans are for backend 'auto', 'fused' or 'stepwise'; got {backend!r}"
             )
-        return self._run_for(torch.device(device), dtype, Sizes(B, 1, NH, D), backend)[0]
+        return self._plan_for(torch.device(device), dtype, Sizes(B, 1, NH, D), backend)
 
     def prepare(
         self,
@@ -255,31 +256,34 @@ class CompiledCell:
         the first call: the stepwise kernels, and with ``head_dim`` those of the plan for
         these sizes. Safe to call from several threads for different cells at once."""
         dev = torch.device(device)
-        self._run_for(dev, dtype, Sizes(batch, 1, heads, head_dim or 1), "stepwise")
+        sizes = Sizes(batch, 1, heads, head_dim or 1)
+        self._ops_for(dev, self._plan_for(dev, dtype, sizes, "stepwise"))
         if head_dim is not None:
-            self._run_for(dev, dtype, Sizes(batch, 1, heads, head_dim), "auto")
+            self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto"))
 
     def _arch(self, device: torch.device) -> str:
         from rnncc.runtime.kernels import arch_of
 
-        return arch_of(device.index if device.index is not None else torch.cuda.current_device())
+        return arch_of(_index(device))
 
-    def _run_for(
+    def _caps(self, device: torch.device) -> HardwareCaps:
+        from rnncc.tiling import caps_for_device
+
+        return caps_for_device(_index(device))
+
+    def _plan_for(
         self, device: torch.device, dtype: torch.dtype, sizes: Sizes, backend: str
-    ) -> tuple[Plan, KernelOps]:
-        """The plan for a call and the ops that launch it, solved and built on first use and
-        kept (a device without an index, "the current device", is looked up each time)."""
+    ) -> Plan:
+        """The plan of a call: solved on first use and kept (a device without an index, "the
+        current device", is solved for each time)."""
         B, _, NH, D = sizes
         key = (device, dtype, B, NH, D, backend)
-        found = self._runs.get(key)
-        if found is not None:
-            return found
-        from rnncc.runtime.kernels import KernelOps
-        from rnncc.tiling import Problem, caps_for_device, solve
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        from rnncc.tiling import Problem, solve
         from rnncc.variants import BY_NAME, VARIANTS
 
-        index = device.index if device.index is not None else torch.cuda.current_device()
-        arch = self._arch(device)
         problem = Problem.from_cell(
             self.ir, heads=NH, head_dim=D, batch=B, dtype=DTYPE_NAMES[dtype]
         )
@@ -288,14 +292,27 @@ class CompiledCell:
             "fused": tuple(v for v in VARIANTS if v.host == "fused"),
             "stepwise": (BY_NAME["stepwise"],),
         }[backend]
-        plan = solve(problem, caps_for_device(index), variants)
-        build_key = (arch, json.dumps(plan.build, sort_keys=True))
-        ops = self._ops.get(build_key)
-        if ops is None:
-            ops = self._ops[build_key] = KernelOps(self.ir, self.backward_ir, plan.build, arch)
+        plan = solve(problem, self._caps(device), variants)
         if device.index is not None:
-            self._runs[key] = (plan, ops)
-        return plan, ops
+            self._plans[key] = plan
+        return plan
+
+    def _ops_for(self, device: torch.device, plan: Plan) -> KernelOps:
+        """The ops that launch ``plan``'s variant on ``device``: built (or loaded from the
+        cache) on first use and kept by arch and build record, and by plan."""
+        found = self._ops_at.get((device, id(plan)))
+        if found is not None and found[0] is plan:
+            return found[1]
+        from rnncc.runtime.kernels import KernelOps
+
+        arch = self._arch(device)
+        key = (arch, json.dumps(plan.build, sort_keys=True))
+        ops = self._ops.get(key)
+        if ops is None:
+            ops = self._ops[key] = KernelOps(self.ir, self.backward_ir, plan.build, arch)
+        if device.index is not None:
+            self._ops_at[(device, id(plan))] = (plan, ops)
+        return ops
 
     def _warn_once(self, key: Hashable, message: Callable[[], str]) -> None:
         # ``message`` is built only to warn: the fallback it reports runs on every call.
@@ -303,10 +320,8 @@ class CompiledCell:
             self._warned.add(key)
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
-    def _cuda_run(
-        self, backend: str, Wx: torch.Tensor, sizes: Sizes
-    ) -> tuple[Plan, KernelOps] | None:
-        """The plan and ops of a CUDA call, or None where the reference runs it."""
+    def _choose(self, backend: str, Wx: torch.Tensor, sizes: Sizes) -> Plan | None:
+        """The plan of a CUDA call, or None where the reference backend runs it."""
         if backend == "reference":
             return None
         on_cuda = Wx.is_cuda
@@ -322,7 +337,7 @@ class CompiledCell:
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
             try:
-                return self._run_for(Wx.device, Wx.dtype, sizes, backend)
+                return self._plan_for(Wx.device, Wx.dtype, sizes, backend)
             except TilingError as err:
                 raise TilingError(
                     f"cell '{self.name}': no fused kernel for head dim {sizes.D}: {err}\n"
@@ -339,8 +354,7 @@ class CompiledCell:
                 ),
             )
             return None
-        run = self._run_for(Wx.device, Wx.dtype, sizes, "auto")
-        plan = run[0]
+        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto")
         if not plan.fused:
             self._warn_once(
                 ("stepwise", sizes.D, Wx.dtype),
@@ -349,7 +363,11 @@ class CompiledCell:
                     "the stepwise backend (one matrix product and one kernel launch per step)"
                 ),
             )
-        return run
+        return plan
+
+
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _why_not_fused(plan: Plan) -> str:

@@ -82,7 +82,7 @@ def build_kernels(cell: Cell, bwd: BackwardCell, build: Mapping[str, Any], arch:
     ``build`` for ``cell`` on ``arch``; the record goes into the cache key and manifest."""
     variant = BY_NAME[build["variant"]]
     src = variant.render(cell, bwd, build)
-    dump(cell.name, src.filename, src.text)
+    dump(cell.name, src.filename.removeprefix(f"{cell.name}_"), src.text)
     size = f"head dim {build['D']}, " if "D" in build else ""
     return build_library(
         variant.library_name(cell.name, build),

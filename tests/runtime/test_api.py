@@ -415,51 +415,78 @@ def _cuda_like(dtype: torch.dtype = torch.bfloat16) -> Any:
     return SimpleNamespace(device=torch.device("cuda", 0), dtype=dtype, is_cuda=True)
 
 
-def test_fused_support_is_worked_out_once_per_size_and_dtype(monkeypatch) -> None:
-    # Every call asks it (the backend choice): the answer is kept per (head dim, dtype).
-    import rnncc.codegen.fused as fused
+def _on_h100(cell: CompiledCell, monkeypatch) -> CompiledCell:
+    """``cell`` planning for an H100 SXM's caps (no GPU here; the plan needs only its caps)."""
+    from rnncc.tiling import caps_for_arch
+
+    monkeypatch.setattr(cell, "_caps", lambda device: caps_for_arch("h100"))
+    return cell
+
+
+def _sizes(B: int, NH: int, D: int) -> Any:
+    from rnncc.runtime.validate import Sizes
+
+    return Sizes(B, 1, NH, D)
+
+
+def test_a_call_solves_its_plan_once_per_size_and_dtype(monkeypatch) -> None:
+    # Every call asks for its plan: it is solved once per (device, dtype, sizes, backend).
+    import rnncc.tiling as tiling
 
     asked = []
-    real = fused.fused_support
-    monkeypatch.setattr(fused, "fused_support", lambda *a: asked.append(a[1:]) or real(*a))
-    cell = lstm()
+    real = tiling.solve
+    monkeypatch.setattr(tiling, "solve", lambda p, *a: asked.append(p.describe()) or real(p, *a))
+    cell = _on_h100(lstm(), monkeypatch)
     for _ in range(3):
-        assert cell.fused_support(64) is None
-        assert cell.fused_support(65, torch.float32) is not None
-    assert asked == [(64, "bfloat16"), (65, "float32")]
+        assert cell._choose("auto", _cuda_like(), _sizes(16, 12, 64)).variant == "block_mma"
+        assert cell._choose("auto", _cuda_like(torch.float32), _sizes(16, 12, 64)).fused
+    assert asked == ["Gr=4, NH=12, D=64, B=16, bf16", "Gr=4, NH=12, D=64, B=16, fp32"]
 
 
-def test_fused_backend_names_the_limit_it_hits() -> None:
-    cell = lstm()
-    assert cell.fused_support(64) is None
-    assert cell.fused_support(65, torch.float32) == (
-        "float32 (FFMA product): head dim 65 > 64: R rows no longer fit one thread's registers"
-    )
-    assert "not a storage dtype" in cell.fused_support(64, torch.float64)
-    assert cell._choose("fused", _cuda_like(), 65) == "fused"  # the grid tier
+def test_fused_backend_names_the_constraints_it_hits(monkeypatch) -> None:
+    cell = _on_h100(lstm(), monkeypatch)
+    plan = cell._choose("fused", _cuda_like(), _sizes(16, 1, 65))
+    assert plan.variant == "grid_mma"
     with pytest.raises(rnncc.TilingError) as err:
-        cell._choose("fused", _cuda_like(torch.float32), 65)
-    assert str(err.value) == (
-        "cell 'lstm': no fused kernel for head dim 65: float32 (FFMA product): head dim 65 > 64: "
-        "R rows no longer fit one thread's registers; use backend='stepwise' (or 'auto')"
-    )
-    with pytest.raises(rnncc.TilingError, match="grid tier: head dim 1040 > 1024"):
-        cell._choose("fused", _cuda_like(), 1040)
-    assert cell._choose("fused", _cuda_like(), 64) == "fused"
+        cell._choose("fused", _cuda_like(torch.float32), _sizes(16, 1, 65))
+    assert str(err.value).splitlines() == [
+        "cell 'lstm': no fused kernel for head dim 65: no kernel variant runs Gr=4, NH=1, D=65, "
+        "B=16, fp32 on NVIDIA H100 SXM (132 SMs)",
+        "  block_ffma: ruled out by",
+        "    r_row_fits_registers: a thread holds one row of R as float: head dim ≤ 64",
+        "use backend='stepwise' (or 'auto')",
+    ]
+    with pytest.raises(rnncc.TilingError, match="head_blocks_co_resident"):
+        cell._choose("fused", _cuda_like(), _sizes(16, 1, 2048))
+    with pytest.raises(ValueError, match="got torch.float64"):
+        cell.plan(16, 1, 64, torch.float64)
 
 
-def test_auto_picks_fused_where_it_fits_and_warns_once_otherwise() -> None:
-    cell = lstm()
-    assert cell._choose("auto", _cuda_like(), 64) == "fused"
-    with pytest.warns(rnncc.RnnccWarning, match="no fused kernel for head dim 2000"):
-        assert cell._choose("auto", _cuda_like(), 2000) == "stepwise"
-    import warnings
-
+def test_auto_picks_the_cheapest_variant_and_warns_once_where_that_is_stepwise(
+    monkeypatch,
+) -> None:
+    cell = _on_h100(lstm(), monkeypatch)
+    assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 64)).variant == "block_mma"
+    assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 768)).variant == "grid_mma"
+    with pytest.warns(rnncc.RnnccWarning, match=r"no fused kernel for head dim 2000 \(") as w:
+        assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 2000)).variant == "stepwise"
+    assert "grid_mma: head_blocks_co_resident" in str(w[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert cell._choose("auto", _cuda_like(), 2000) == "stepwise"
+        assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 2000)).variant == "stepwise"
     with pytest.warns(rnncc.RnnccWarning, match="reference backend"):
-        assert cell._choose("auto", _cuda_like(torch.float64), 64) == "reference"
+        assert cell._choose("auto", _cuda_like(torch.float64), _sizes(16, 1, 64)) is None
+
+
+def test_the_plan_method_is_what_a_call_runs(monkeypatch) -> None:
+    cell = _on_h100(lstm(), monkeypatch)
+    plan = cell.plan(64, 1, 768, device="cuda:0")
+    assert plan is cell._choose("auto", _cuda_like(), _sizes(64, 1, 768))
+    assert plan.summary() == (
+        "grid_mma (n_tiles=4, unit_tiles=2): forward kernel 3: 48×1×2 blocks of 384 threads, "
+        "98304 B dynamic shared memory"
+    )
+    assert cell.plan(64, 1, 768, device="cuda:0", backend="stepwise").variant == "stepwise"
 
 
 def test_invalid_backend() -> None:

@@ -1,4 +1,4 @@
-"""CPU-side checks of the stepwise backend: the custom ops' schemas and fake implementations,
+"""CPU-side checks of the kernels' ops: their schemas and fake implementations (both hosts),
 and the generic host loop compiling against the installed torch headers."""
 
 from __future__ import annotations
@@ -14,13 +14,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 import rnncc
 from rnncc.resources import templates_dir
-from rnncc.runtime.stepwise import _define_ops
+from rnncc.runtime.kernels import _define_ops
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.parametrize("host", ["stepwise", "fused"])
 @pytest.mark.parametrize("save", [True, False])
-def test_fake_forward_and_backward_shapes(save):
+def test_fake_forward_and_backward_shapes(save, host):
     cell = rnncc.load(ROOT / "examples" / "peephole_lstm.rnn")
     ir = cell.ir
     rec = ir.state_names.index(ir.recurrent)
@@ -32,9 +33,10 @@ def test_fake_forward_and_backward_shapes(save):
         len(ir.gb_names),
         len(ir.params),
         rec,
-        0,  # no grid-tier exchange
     ]
-    fwd = _define_ops(f"fake_probe_{save}", 0, 0, dims)
+    name = f"fake_probe_{host}_{save}"
+    fwd = _define_ops(name, 0, 0, dims, host)
+    launch = [] if host == "stepwise" else [0] * 14
     B, T, NH, D = 2, 5, 3, 4
     s = cell.shapes(B, T, NH, D)
     with FakeTensorMode():
@@ -42,15 +44,19 @@ def test_fake_forward_and_backward_shapes(save):
             k: None if s[k] is None else torch.empty(s[k])
             for k in ("Wx", "R", "b", "states", "params")
         }
-        y, last, hist, rh = fwd(x["Wx"], x["R"], x["b"], x["states"], x["params"], save, False)
+        y, last, hist, rh = fwd(
+            x["Wx"], x["R"], x["b"], x["states"], x["params"], launch, save, False
+        )
         assert y.shape == s["y"] and last.shape == s["last"]
         if save:
             assert hist.shape == (T + 1, len(ir.states), NH, B, D) and hist.dtype == torch.float32
             assert rh.shape == (T, NH, B, len(ir.gr_names) * D)
         else:
             assert hist.numel() == 0 and rh.numel() == 0
-        bwd = getattr(torch.ops.rnncc, f"fake_probe_{save}_backward")
-        dWx, dR, db, dst, dp = bwd(y, last, x["Wx"], x["R"], x["b"], x["params"], hist, rh, False)
+        bwd = getattr(torch.ops.rnncc, f"{name}_backward")
+        dWx, dR, db, dst, dp = bwd(
+            y, last, x["Wx"], x["R"], x["b"], x["params"], hist, rh, launch, False
+        )
         assert (dWx.shape, dR.shape, db.shape, dst.shape, dp.shape) == (
             s["Wx"],
             s["R"],
@@ -85,7 +91,7 @@ def test_a_second_differentiation_of_the_kernels_backward_raises():
     """The CUDA backends' backward is not differentiable: gradients made with create_graph=True
     carry their first-order values, and differentiating them again raises instead of silently
     dropping every term through the kernels (as the wrapped op has no autograd of its own)."""
-    from rnncc.runtime.stepwise import _first_order_only
+    from rnncc.runtime.kernels import _first_order_only
 
     x = torch.randn(3, requires_grad=True)
     g = (2 * x).detach()  # what the kernels' backward returns: no graph
