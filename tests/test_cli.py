@@ -259,20 +259,63 @@ def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> 
     assert kernels == ["indrnn_stepwise.cu", "rnncc_abi.h", "rnncc_mma.cuh", "rnncc_ops.cuh"]
 
 
-def test_compile_writes_the_plan_for_given_sizes(capsys, tmp_path: Path) -> None:
+def test_compile_writes_the_plan_and_the_kernels_it_runs(capsys, tmp_path: Path) -> None:
     import json
 
-    from rnncc.codegen.stepwise import generate_stepwise
+    from rnncc.tiling import Problem
+    from rnncc.variants import BY_NAME
 
     args = ["compile", str(REPO / "examples" / "lstm.rnn"), "-o", str(tmp_path / "pkg")]
     rc = main([*args, "--hidden", "768", "--heads", "12", "--arch", "sm_90"])
     assert rc == 0
     plan = json.loads((tmp_path / "pkg" / "plan.json").read_text())
-    assert plan["tier"] == "block"
-    assert (tmp_path / "pkg" / "plan.txt").read_text().startswith("tiling plan for Gr=4, NH=12")
+    assert plan["variant"] == "block_mma" and plan["launch"]["forward"]["grid"] == [12, 2, 1]
+    text = (tmp_path / "pkg" / "plan.txt").read_text()
+    assert text.startswith("plan for Gr=4, NH=12, D=64, B=16, bf16 on NVIDIA H100 SXM")
+    # The package holds the planned kernels (and the stepwise ones): the sources that run.
     cell = rnncc.load(REPO / "examples" / "lstm.rnn")
-    shipped = (tmp_path / "pkg" / "kernels" / "lstm_stepwise.cu").read_text()
-    assert shipped == generate_stepwise(cell.ir, cell.backward_ir).text
+    problem = Problem.from_cell(cell.ir, heads=12, head_dim=64, batch=16)
+    for name in ("stepwise", "block_mma"):
+        src = BY_NAME[name].render(cell.ir, cell.backward_ir, BY_NAME[name].build(problem))
+        assert (tmp_path / "pkg" / "kernels" / src.filename).read_text() == src.text
+    assert plan["build"] == BY_NAME["block_mma"].build(problem)
+    # A size no fused variant runs plans the stepwise kernels and ships only those.
+    rc = main([*args, "--hidden", "2048", "--arch", "h100"])
+    assert rc == 0
+    assert json.loads((tmp_path / "pkg" / "plan.json").read_text())["variant"] == "stepwise"
+    kernels = sorted(p.name for p in (tmp_path / "pkg" / "kernels").glob("*.cu"))
+    assert kernels == ["lstm_stepwise.cu"]
+
+
+def test_plan_explains_the_variant_and_its_launch(capsys) -> None:
+    lstm = REPO / "examples" / "lstm.rnn"
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "768", "--batch", "64", "--arch", "h100")
+    assert (rc, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0] == "plan for Gr=4, NH=1, D=768, B=64, bf16 on NVIDIA H100 SXM (sm_90, 132 SMs)"
+    assert lines[1].startswith("  variant     grid_mma: mma.sync grid tier")
+    assert "  parameters  n_tiles = 4, unit_tiles = 2" in lines
+    assert (
+        "  forward     kernel 3: 48×1×2 blocks of 384 threads, 98304 B dynamic shared memory"
+        in lines
+    )
+    assert any(line.startswith("  other       stepwise: feasible") for line in lines)
+    assert any(
+        line.startswith("  other       block_mma: ruled out by block_warps") for line in lines
+    )
+    rc, out, err = run(
+        capsys, "plan", lstm, "--hidden", "64", "--dtype", "fp32", "--json", "--arch", "h100"
+    )
+    assert rc == 0 and '"variant": "block_ffma"' in out
+
+
+def test_plan_usage_errors(capsys) -> None:
+    lstm = REPO / "examples" / "lstm.rnn"
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "100", "--heads", "3", "--arch", "h100")
+    assert (rc, out) == (1, "")
+    assert err == "rnncc: error: --hidden 100 is not a positive multiple of --heads 3\n"
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "64", "--arch", "z80")
+    assert rc == 1 and err.startswith("rnncc: error: ") and "z80" in err
 
 
 def test_compile_prebuild_without_gpu_needs_arch(capsys, tmp_path: Path, monkeypatch) -> None:
