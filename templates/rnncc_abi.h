@@ -44,7 +44,8 @@ typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);
 
 // How a fused kernel is launched, from the plan (rnncc.variants): which of the library's
 // kernels, its threads and dynamic shared memory per block, and the blocks of one launch.
-// The library checks the numbers against the ones it was built with.
+// The library checks the numbers against the ones it was built with. Passed beside the
+// kernels' arguments, not in them: the kernels take those by value.
 typedef struct rnncc_launch {
   int kernel, threads, smem;
   int grid_x, grid_y, grid_z;
@@ -71,10 +72,9 @@ typedef struct rnncc_fused_args {
   float* rh;
   unsigned int* xchg;
   int xchg_words;
-  rnncc_launch launch;
 } rnncc_fused_args;
 
-typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, cudaStream_t stream);
+typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, const rnncc_launch* launch, cudaStream_t stream);
 
 // The fused backward (rnncc_fused_backward): the whole reverse sequence in one launch. Reads
 // hist and rh as the fused forward wrote them, dy [O, B, T, NH, D] and dlast [S, B, NH, D]
@@ -101,7 +101,7 @@ typedef struct rnncc_fused_bwd_args {
   float* dP;
   unsigned int* xchg;
   int xchg_words;
-  rnncc_launch launch;
 } rnncc_fused_bwd_args;
 
-typedef int (*rnncc_fused_bwd_fn)(const rnncc_fused_bwd_args* args, cudaStream_t stream);
+typedef int (*rnncc_fused_bwd_fn)(const rnncc_fused_bwd_args* args, const rnncc_launch* launch,
+                                  cudaStream_t stream);

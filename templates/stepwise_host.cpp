@@ -279,9 +279,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
-  a.launch = plan.fw;
   const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
-  const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, stream);
+  const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, &plan.fw, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err));
   return {y, last, hist, rh};
@@ -321,9 +320,8 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? mptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
-  a.launch = plan.bw;
   const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
-  const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, stream);
+  const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, &plan.bw, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err));
   const std::vector<int64_t> batch{0};  // of [B, NH, ·]

@@ -240,7 +240,6 @@ def _traits(variant: str, build: Mapping[str, Any]) -> list[tuple[str, str, str]
 
     return [
         ("int", "kXWords", build["exchange_words"]),
-        ("bool", "kWide", "true" if 2 in by_width else "false"),
         ("int", "kGridKernels", len(kernels)),
         ("int", "kGridNT[kGridKernels]", table("n_tiles")),
         ("int", "kGridUW[kGridKernels]", table("unit_tiles")),
