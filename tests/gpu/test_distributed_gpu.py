@@ -12,15 +12,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rnncc.codegen.fused import fused_tier
 from rnncc.testing import rel_err
 
 pytestmark = pytest.mark.gpu
 
 REPO = Path(__file__).resolve().parents[2]
-#: (hidden, dtype, tier): float32 runs the block tier's FFMA kernels at 64 units, bfloat16
+#: (hidden, dtype, variant): float32 runs the block tier's FFMA kernels at 64 units, bfloat16
 #: the grid tier at 256 units in one head.
-CASES = [(64, torch.float32, "block"), (256, torch.bfloat16, "grid")]
+CASES = [(64, torch.float32, "block_ffma"), (256, torch.bfloat16, "grid_mma")]
 
 
 def _example():
@@ -78,7 +77,7 @@ def test_ddp_with_nccl_matches_the_plain_model(tmp_path, hidden, dtype, tier):
     from rnncc.runtime.api import load
 
     cell = load(REPO / "examples" / "lstm.rnn")
-    assert fused_tier(cell.ir, hidden, str(dtype).removeprefix("torch.")) == tier
+    assert cell.plan(16, 1, hidden, dtype).variant == tier
     out = tmp_path / "grads.pt"
     mp.spawn(_worker, args=(str(tmp_path / "store"), hidden, dtype, str(out)), nprocs=1)
     got = torch.load(out)
