@@ -103,6 +103,7 @@ class Plan:
         lines = [
             f"plan for {p.describe()} on {caps.name} ({caps.arch}, {caps.sm_count} SMs)",
             f"  variant     {self.variant}: {BY_NAME[self.variant].summary}",
+            f"  launches    {self.summary()}",
         ]
         add = lines.append
         if self.point:

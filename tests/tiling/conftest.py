@@ -1,33 +1,44 @@
-"""Shared fixtures of the tiling tests: example cells' pointwise costs and the H100 caps.
+"""Shared fixtures of the tiling tests: problems of the example cells and the H100 caps.
 
-The cells' numbers are what ``Problem.from_cell`` derives from ``rnncc.ir.op_counts`` of the
-DESIGN.md examples; they are fixed here so that these tests do not depend on the front end.
+Problems come from the examples through the front end (``Problem.from_cell``), so the plans
+tested here are those of the cells users compile.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from functools import cache
 
 import pytest
+from plan_table import EXAMPLES
 
+from rnncc.frontend import compile_source, read_source
+from rnncc.ir.cell import Cell
 from rnncc.tiling import HardwareCaps, Problem, caps_for_arch
 
-LSTM: dict[str, Any] = dict(gates_r=4, n_states=2, mufu_ops=8, alu_ops=10, cell_regs=7)
-GRU: dict[str, Any] = dict(gates_r=3, n_states=1, mufu_ops=5, alu_ops=12, cell_regs=7)
-SLSTM: dict[str, Any] = dict(gates_r=4, n_states=4, mufu_ops=8, alu_ops=23, cell_regs=10)
+
+@cache
+def example_cell(name: str) -> Cell:
+    path = EXAMPLES / f"{name}.rnn"
+    cells, _ = compile_source(read_source(path), str(path))
+    return cells[0]
 
 
-def make_lstm(heads: int, head_dim: int, batch: int = 16, dtype: str = "bf16") -> Problem:
-    return Problem(heads=heads, head_dim=head_dim, batch=batch, dtype=dtype, **LSTM)
+def make_problem(
+    cell: str, heads: int, head_dim: int, batch: int = 16, dtype: str = "bf16"
+) -> Problem:
+    return Problem.from_cell(
+        example_cell(cell), heads=heads, head_dim=head_dim, batch=batch, dtype=dtype
+    )
 
 
 @pytest.fixture(scope="session")
-def lstm() -> Callable[..., Problem]:
-    """``lstm(heads, head_dim, batch=16, dtype="bf16")``: an LSTM problem."""
-    return make_lstm
+def problem() -> Callable[..., Problem]:
+    """``problem(cell, heads, head_dim, batch=16, dtype="bf16")``: the problem of
+    ``examples/<cell>.rnn`` at those sizes."""
+    return make_problem
 
 
 @pytest.fixture(scope="session")
 def h100() -> HardwareCaps:
-    return caps_for_arch("sm_90")
+    return caps_for_arch("h100")

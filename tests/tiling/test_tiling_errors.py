@@ -1,57 +1,88 @@
-"""Infeasible problems: TilingError names the binding constraints and the largest head dim."""
+"""Infeasible problems: TilingError names, per variant, the constraints that rule it out."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 import pytest
 
-from rnncc.tiling import Problem, TilingError, caps_for_arch, solve
-from rnncc.tiling.model import Model
-from rnncc.tiling.solve import diagnose
+from rnncc.tiling import HardwareCaps, Problem, TilingError, solve
+from rnncc.variants import BY_NAME, VARIANTS
+
+FUSED = [v for v in VARIANTS if v.host == "fused"]
 
 
-def _largest(message: str) -> int:
-    found = re.search(r"largest head dim that fits with NH=\d+, B=\d+: (\d+)", message)
-    assert found, message
-    return int(found.group(1))
+def _ruled_out(message: str) -> dict[str, list[str]]:
+    """variant → the constraint names listed under it in a TilingError's message."""
+    found: dict[str, list[str]] = {}
+    for line in message.splitlines()[1:]:
+        if line.startswith("  ") and line.endswith(": ruled out by"):
+            current = found.setdefault(line.strip().split(":")[0], [])
+        elif line.startswith("    "):
+            current.append(line.strip().split(":")[0])
+    return found
 
 
-def test_head_too_large_for_the_whole_chip(lstm: Callable[..., Problem]) -> None:
-    caps = caps_for_arch("sm_90")
+def test_2048_runs_on_no_fused_variant(problem: Callable[..., Problem], h100: HardwareCaps) -> None:
     with pytest.raises(TilingError) as info:
-        solve(lstm(1, 4096), caps)
+        solve(problem("lstm", 1, 2048), h100, FUSED)
     message = str(info.value)
-    assert "no tiling plan for Gr=4, NH=1, D=4096, B=16, bf16 on NVIDIA H100 SXM" in message
-    assert "binding constraints:" in message and "r_fits_on_chip" in message
-    assert "134.2 MB per head" in message
-    largest = _largest(message)
-    assert 2048 <= largest < 4096
-    assert solve(lstm(1, largest), caps).tier == "grid"  # the size it names does fit
+    assert message.startswith(
+        "no kernel variant runs Gr=4, NH=1, D=2048, B=16, bf16 on NVIDIA H100 SXM (132 SMs)\n"
+    )
+    # bf16 is not block_ffma's dtype: it is not a candidate and not listed.
+    assert _ruled_out(message) == {
+        # 256 warps, 4 × 128 × 2 fragment registers, 4 steps × 8 rows of W x at 16 KiB: every
+        # limit of one block, on the problem alone, so all of them.
+        "block_mma": [
+            "block_warps",
+            "r_fragments_fit_registers",
+            "forward_fits_shared_memory",
+            "backward_fits_static_shared_memory",
+            "backward_fits_shared_memory",
+        ],
+        # Narrow blocks: 2048 / 8 = 256 of them per head, beyond 132 SMs; wide ones (128
+        # blocks) exist only up to D = 768 and would need 32 product warps of 12. The nearest
+        # misses are the narrow points, which break only co-residency.
+        "grid_mma": ["head_blocks_co_resident"],
+    }
 
 
-@pytest.mark.parametrize(("arch", "head_dim"), [("a100", 2048), ("sm_80", 4096), ("l40s", 2048)])
-def test_fp32_on_smaller_chips(arch: str, head_dim: int, lstm: Callable[..., Problem]) -> None:
-    caps = caps_for_arch(arch)
-    with pytest.raises(TilingError, match="r_fits") as info:
-        solve(lstm(1, head_dim, dtype="fp32"), caps)
-    largest = _largest(str(info.value))
-    solve(lstm(1, largest, dtype="fp32"), caps)
-    # fp32 storage holds R at twice the bytes: bf16 fits a larger head
-    assert solve(lstm(1, largest * 5 // 4), caps).problem.head_dim > largest
+def test_wide_blocks_are_ruled_out_by_their_own_constraints(
+    problem: Callable[..., Problem], h100: HardwareCaps
+) -> None:
+    p = problem("lstm", 1, 2048)
+    constraints = BY_NAME["grid_mma"].constraints
+    wide = {c.name for c in constraints if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 2})}
+    assert wide == {"wide_blocks_fit_registers", "product_warps"}
+    narrow = {c.name for c in constraints if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 1})}
+    assert narrow == {"head_blocks_co_resident"}
 
 
-def test_no_clusters_before_hopper(lstm: Callable[..., Problem]) -> None:
-    model = Model(lstm(1, 768), caps_for_arch("a100"))
-    assert diagnose(model, fixed={"tier": "cluster"}) == ["cluster_size_limit"]
-    plan = solve(lstm(1, 768), caps_for_arch("a100"))
-    assert plan.tier == "grid"
-    assert "cluster tier ruled out by cluster_size_limit" in plan.explain()
+def test_fp32_past_64_has_no_fused_variant(
+    problem: Callable[..., Problem], h100: HardwareCaps
+) -> None:
+    with pytest.raises(TilingError) as info:
+        solve(problem("lstm", 1, 65, dtype="fp32"), h100, FUSED)
+    message = str(info.value)
+    # A thread holds one row of R: 65 floats. The block's other limits still hold: 260
+    # threads, (65 × 8 + 8 × 260) × 4 B forward and (65 × 8 × 4 + 8 × 260) × 4 B backward.
+    assert _ruled_out(message) == {"block_ffma": ["r_row_fits_registers"]}
+    assert "head dim ≤ 64" in message
+    assert solve(problem("lstm", 1, 64, dtype="fp32"), h100, FUSED).variant == "block_ffma"
 
 
-def test_error_lists_only_hardware_constraints(lstm: Callable[..., Problem]) -> None:
-    model = Model(lstm(1, 8192), caps_for_arch("h100"))
-    kinds = {c.name: c.kind for c in model.constraints}
-    names = diagnose(model)
-    assert names and all(kinds[name] == "hardware" for name in names)
+def test_no_variant_stores_the_dtype(problem: Callable[..., Problem], h100: HardwareCaps) -> None:
+    sixteen_bit = [BY_NAME["block_mma"], BY_NAME["grid_mma"]]
+    with pytest.raises(TilingError, match="none of block_mma, grid_mma stores fp32"):
+        solve(problem("lstm", 12, 64, dtype="fp32"), h100, sixteen_bit)
+
+
+def test_stepwise_runs_what_no_fused_variant_does(
+    problem: Callable[..., Problem], h100: HardwareCaps
+) -> None:
+    plan = solve(problem("lstm", 1, 2048), h100)
+    assert plan.variant == "stepwise" and not plan.fused
+    text = plan.explain()
+    assert "  other       grid_mma: ruled out by head_blocks_co_resident" in text
+    assert "  other       block_mma: ruled out by block_warps, r_fragments_fit_registers" in text

@@ -134,14 +134,18 @@ def test_caps_for_device_reads_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert caps.name == "NVIDIA H100 PCIe" and caps.sm_count == 114
 
 
-def test_import_touches_no_gpu_and_no_torch() -> None:
-    code = "import sys, rnncc.tiling, rnncc.tiling.command; print('torch' in sys.modules)"
+def test_import_touches_no_gpu() -> None:
+    code = (
+        "import sys, rnncc.tiling, rnncc.variants\n"
+        "torch = sys.modules.get('torch')\n"
+        "print(torch is not None and torch.cuda.is_initialized())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
 
 @pytest.mark.gpu
-def test_caps_of_the_real_device(lstm: Callable[..., Problem]) -> None:
+def test_caps_of_the_real_device(problem: Callable[..., Problem]) -> None:
     import torch
 
     props = torch.cuda.get_device_properties(0)
@@ -150,4 +154,4 @@ def test_caps_of_the_real_device(lstm: Callable[..., Problem]) -> None:
     assert caps.arch == f"sm_{props.major}{props.minor}"
     assert caps.smem_per_block_optin == props.shared_memory_per_block_optin
     assert caps.regs_per_sm == props.regs_per_multiprocessor
-    assert solve(lstm(12, 64), caps).tier == "block"
+    assert solve(problem("lstm", 12, 64), caps).variant == "block_mma"

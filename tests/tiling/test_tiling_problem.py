@@ -1,8 +1,9 @@
-"""Problem: sizes, validation, and the cell's pointwise cost read through the IR interface."""
+"""Problem: sizes, validation, and the cell's counts and pointwise cost read through the IR."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -17,10 +18,22 @@ LSTM_COUNTS = {"gate": 4, "sigmoid": 3, "state": 1, "mul": 3, "tanh": 2, "add": 
 class StandInCell:
     """Only the attributes ``Problem.from_cell`` may read; anything else fails the test."""
 
-    def __init__(self, gr_names: tuple[str, ...], states: tuple[str, ...]):
+    def __init__(
+        self,
+        gr_names: tuple[str, ...],
+        states: tuple[str, ...],
+        gx_names: tuple[str, ...] | None = None,
+        gb_names: tuple[str, ...] | None = None,
+        params: tuple[str, ...] = (),
+        outputs: tuple[str, ...] = ("h",),
+    ):
         self._attrs = {
             "gr_names": gr_names,
+            "gx_names": gr_names if gx_names is None else gx_names,
+            "gb_names": gr_names if gb_names is None else gb_names,
             "states": tuple(type("State", (), {"name": s})() for s in states),
+            "params": params,
+            "outputs": outputs,
         }
 
     def __getattr__(self, name: str) -> Any:
@@ -52,7 +65,15 @@ def test_unknown_ops_count_as_alu_work() -> None:
 def test_from_cell_with_given_counts() -> None:
     cell = StandInCell(("i", "f", "z", "o"), ("h", "c"))
     p = Problem.from_cell(cell, heads=12, head_dim=64, batch=16, op_counts=LSTM_COUNTS)
-    assert (p.gates_r, p.n_states, p.mufu_ops, p.alu_ops) == (4, 2, 8, 10)
+    assert (p.gates_r, p.gates_x, p.gates_b, p.n_states, p.n_params, p.n_outputs) == (
+        4,
+        4,
+        4,
+        2,
+        0,
+        1,
+    )
+    assert (p.mufu_ops, p.alu_ops) == (8, 10)
     assert p.cell_regs == estimate_cell_regs(LSTM_COUNTS)
     assert (p.heads, p.head_dim, p.batch, p.dtype) == (12, 64, 16, "bf16")
 
@@ -74,9 +95,30 @@ def test_from_cell_reads_rnncc_ir_op_counts(monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def test_cell_without_recurrent_product() -> None:
-    cell = StandInCell((), ("h",))
+    cell = StandInCell((), ("h",), gx_names=("x",), gb_names=(), params=("a",))
     p = Problem.from_cell(cell, heads=4, head_dim=32, batch=2, op_counts={"mul": 2, "relu": 1})
     assert p.gates_r == 0 and p.r_bytes_per_head == 0
+    assert (p.gates_x, p.gates_b, p.n_params, p.gates_in) == (1, 0, 1, 1)
+
+
+@pytest.mark.parametrize(
+    ("cell", "counts"),
+    [
+        # (gates_r, gates_x, gates_b, states, params, outputs), read off each cell's declarations
+        ("lstm", (4, 4, 4, 2, 0, 1)),
+        ("gru", (3, 3, 3, 1, 0, 1)),
+        ("slstm", (4, 4, 4, 4, 0, 1)),
+        ("peephole_lstm", (4, 4, 4, 2, 3, 2)),
+        ("indrnn", (0, 1, 1, 1, 1, 1)),
+        ("lru", (0, 1, 0, 1, 1, 1)),
+        ("sru", (0, 4, 2, 2, 2, 1)),
+    ],
+)
+def test_counts_of_the_examples(
+    cell: str, counts: tuple[int, ...], problem: Callable[..., Problem]
+) -> None:
+    p = problem(cell, 1, 64)
+    assert (p.gates_r, p.gates_x, p.gates_b, p.n_states, p.n_params, p.n_outputs) == counts
 
 
 @pytest.mark.parametrize(
@@ -85,7 +127,9 @@ def test_cell_without_recurrent_product() -> None:
         ("heads", 0, "heads must be positive"),
         ("head_dim", -1, "head_dim must be positive"),
         ("batch", 0, "batch must be positive"),
+        ("n_states", 0, "n_states must be positive"),
         ("gates_r", -1, "gates_r must not be negative"),
+        ("n_params", -1, "n_params must not be negative"),
         ("dtype", "fp8", "dtype must be one of"),
     ],
 )
@@ -94,6 +138,13 @@ def test_validation(field: str, value: object, message: str) -> None:
     kwargs[field] = value
     with pytest.raises(ValueError, match=message):
         Problem(**kwargs)
+
+
+def test_input_and_bias_gates_default_to_the_recurrent_ones() -> None:
+    p = Problem(gates_r=3, heads=1, head_dim=64, batch=16)
+    assert (p.gates_x, p.gates_b) == (3, 3)
+    p = Problem(gates_r=3, heads=1, head_dim=64, batch=16, gates_x=1, gates_b=0)
+    assert (p.gates_x, p.gates_b) == (1, 0)
 
 
 def test_sizes() -> None:

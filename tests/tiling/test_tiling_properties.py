@@ -1,5 +1,6 @@
-"""Property tests: every plan satisfies every named constraint, solving is deterministic, and
-on small spaces the solver's feasible set and optimum equal a brute-force enumeration."""
+"""Property tests over random problems and devices: every plan satisfies its variant's
+constraints, the solver finds exactly the points that do, plans are ranked by cost and
+reproducible, and every launch covers the problem the way the kernels read it."""
 
 from __future__ import annotations
 
@@ -9,35 +10,36 @@ from itertools import product
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rnncc.tiling import (
-    HardwareCaps,
-    Model,
-    Point,
-    Problem,
-    TilingError,
-    check_plan,
-    feasible_plans,
-    solve,
-)
-from rnncc.tiling.cost import estimate
+from rnncc.tiling import HardwareCaps, Plan, Problem, feasible_plans, solve
 from rnncc.tiling.hardware import TABLE
-from rnncc.tiling.model import MMA_KINDS, VARIABLES
-from rnncc.tiling.solve import rank_key, ranked
+from rnncc.tiling.solve import points
+from rnncc.variants import BY_NAME, VARIANTS
 
-SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# Head dims where the variants' limits fall: block tiers end at 64 (fp32) and 64 to 128
+# (16-bit), wide grid blocks at 768, narrow ones at 8 × the SM count.
+EDGES = [63, 64, 65, 127, 128, 129, 767, 768, 769, 912, 913, 1023, 1024, 1025, 1056, 1057]
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
 
 
 @st.composite
-def problems(
-    draw: st.DrawFn, max_heads: int = 16, max_dim: int = 600, max_batch: int = 300
-) -> Problem:
+def problems(draw: st.DrawFn) -> Problem:
+    gates_r = draw(st.sampled_from([0, 1, 2, 3, 4, 6]))
     return Problem(
-        gates_r=draw(st.sampled_from([0, 1, 3, 4])),
-        heads=draw(st.integers(1, max_heads)),
-        head_dim=draw(st.integers(1, max_dim)),
-        batch=draw(st.integers(1, max_batch)),
+        gates_r=gates_r,
+        heads=draw(st.integers(1, 24)),
+        head_dim=draw(st.one_of(st.integers(1, 160), st.sampled_from(EDGES), st.integers(1, 2100))),
+        batch=draw(st.integers(1, 300)),
         dtype=draw(st.sampled_from(["fp32", "fp16", "bf16"])),
         n_states=draw(st.integers(1, 4)),
+        gates_x=draw(st.integers(0, 4)),
+        gates_b=draw(st.integers(0, gates_r)),
+        n_params=draw(st.integers(0, 3)),
+        n_outputs=draw(st.integers(1, 2)),
         mufu_ops=draw(st.integers(0, 12)),
         alu_ops=draw(st.integers(0, 30)),
         cell_regs=draw(st.integers(4, 16)),
@@ -45,104 +47,92 @@ def problems(
 
 
 @st.composite
-def small_caps(draw: st.DrawFn) -> HardwareCaps:
-    """A made-up GPU small enough to enumerate, with limits tight enough to bind."""
-    optin = draw(st.sampled_from([4, 16, 48, 100])) * 1024
-    nonportable = draw(st.sampled_from([1, 2, 4]))
-    return replace(
-        TABLE["h100-sxm"],
-        name="tiny",
-        sm_count=draw(st.integers(2, 8)),
-        gpcs=draw(st.integers(1, 2)),
-        regs_per_sm=draw(st.sampled_from([4096, 16384, 65536])),
-        smem_per_block_optin=optin,
-        smem_per_sm=optin + draw(st.sampled_from([1, 8])) * 1024,
-        max_threads_per_sm=draw(st.sampled_from([256, 1024, 2048])),
-        max_cluster=min(2, nonportable),
-        max_cluster_nonportable=nonportable,
-        has_wgmma=draw(st.booleans()),
-    )
+def devices(draw: st.DrawFn) -> HardwareCaps:
+    """A known GPU, or one with fewer SMs (a MIG slice, a cut-down part)."""
+    caps = TABLE[draw(st.sampled_from(sorted(TABLE)))]
+    if draw(st.booleans()):
+        caps = replace(caps, name="slice", sm_count=draw(st.integers(1, caps.sm_count)))
+    return caps
 
 
-def _check_plan_fields(plan_problem: Problem, plans: list) -> None:  # type: ignore[type-arg]
-    for plan in plans:
-        assert check_plan(plan) == []
-        for name, used, limit in plan.usage:
-            assert used <= limit, name
-        p = plan.problem
-        assert p == plan_problem
-        assert plan.r_reg_bytes_per_block + plan.r_smem_bytes_per_block == plan.r_bytes_per_block
-        unit_r = p.gates_r * plan.heads_per_unit * plan.head_dim_padded**2 * p.dtype_bytes
-        assert plan.r_bytes_per_block * plan.blocks_per_unit == unit_r  # all of R on chip
-        assert plan.head_dim_padded >= p.head_dim
-        assert plan.n_chunks * plan.batch_chunk >= p.batch > (plan.n_chunks - 1) * plan.batch_chunk
-        assert plan.batch_chunk_padded % MMA_KINDS[plan.mma].n_granule == 0
-        assert plan.masked_batch_columns == plan.n_chunks * plan.batch_chunk_padded - p.batch
-        assert plan.warps * 32 == plan.threads <= plan.caps.max_threads_per_block
-        assert plan.tier == "block" or plan.heads_per_unit == 1
-        if plan.tier == "cluster":
-            assert 2 <= plan.blocks_per_unit <= plan.caps.max_cluster_nonportable
-        if plan.tier == "grid":
-            assert plan.blocks_per_unit <= plan.caps.sm_count and plan.blocks_per_sm == 1
+def _check_launch(plan: Plan) -> None:
+    """The launch as the kernels check it (templates/fused_block.cu.j2, fused_grid.cuh.j2)."""
+    p, caps, build = plan.problem, plan.caps, plan.build
+    fw, bw = plan.launch.forward, plan.launch.backward
+    if plan.variant == "stepwise":
+        assert fw is None and bw is None and plan.launch.as_list() == []
+        return
+    assert fw is not None and bw is not None
+    assert fw.grid == bw.grid and fw.launches == bw.launches and fw.kernel == bw.kernel
+    for k in (fw, bw):
+        assert k.threads % 32 == 0 and k.threads <= caps.max_threads_per_block
+        assert k.smem <= caps.smem_per_block_optin
+    if plan.variant in ("block_ffma", "block_mma"):
+        # One block per (head, 8 batch rows), all in one launch.
+        assert fw.grid == (p.heads, cdiv(p.batch, 8), 1)
+        assert (fw.kernel, fw.launches, fw.smem) == (0, 1, 0)
+        assert fw.threads == bw.threads == build["threads"]
+        ring = build["ring"]["bytes"] if plan.variant == "block_mma" else 0
+        assert bw.smem == ring
+        return
+    assert plan.variant == "grid_mma"
+    nt, uw = dict(plan.point)["n_tiles"], dict(plan.point)["unit_tiles"]
+    x, y, z = fw.grid
+    chunks = cdiv(p.batch, 8 * nt)
+    assert x == cdiv(cdiv(p.head_dim, 8), uw) and x * 8 * uw >= p.head_dim
+    assert 1 <= y <= p.heads and 1 <= z <= chunks
+    # The host loops over heads by y and chunks by z; every launch is cooperative.
+    assert fw.launches == cdiv(p.heads, y) * cdiv(chunks, z)
+    assert x * y * z <= caps.sm_count
+    kernel = build["kernels"][fw.kernel]
+    assert (kernel["n_tiles"], kernel["unit_tiles"]) == (nt, uw)
+    assert (kernel["fw_threads"], kernel["fw_smem"]) == (fw.threads, fw.smem)
+    assert (kernel["bw_threads"], kernel["bw_smem"]) == (bw.threads, bw.smem)
+    assert plan.launch.exchange_words == build["exchange_words"]
 
 
 @SETTINGS
-@given(problem=problems(), key=st.sampled_from(sorted(TABLE)))
-def test_every_plan_satisfies_every_constraint(problem: Problem, key: str) -> None:
-    caps = TABLE[key]
-    try:
-        plans = feasible_plans(problem, caps)
-    except TilingError as err:
-        assert "binding constraints" in str(err)
-        return
-    costs = [(p.predicted_us_per_step, p.predicted_bwd_us_per_step) for p in plans]
+@given(problem=problems(), caps=devices())
+def test_every_plan_satisfies_its_variant_and_covers_the_problem(
+    problem: Problem, caps: HardwareCaps
+) -> None:
+    plans = feasible_plans(problem, caps)
+    assert plans, "stepwise runs every problem"
+    for plan in plans:
+        variant = BY_NAME[plan.variant]
+        point = dict(plan.point)
+        assert problem.dtype in variant.dtypes
+        broken = [c.name for c in variant.constraints if not c.holds(problem, caps, point)]
+        assert broken == [], (plan.summary(), broken)
+        for name, used, limit in plan.usage:
+            assert used <= limit, (plan.summary(), name)
+        assert plan.problem == problem and plan.caps == caps
+        _check_launch(plan)
+    costs = [(p.cost.forward_us, p.cost.backward_us) for p in plans]
     assert costs == sorted(costs)
-    _check_plan_fields(problem, plans)
-    assert plans[0] == solve(problem, caps)
+    best = solve(problem, caps)
+    assert (best.variant, best.point, best.launch) == (
+        plans[0].variant,
+        plans[0].point,
+        plans[0].launch,
+    )
 
 
-@settings(max_examples=15, deadline=None)
-@given(problem=problems(), key=st.sampled_from(sorted(TABLE)))
-def test_solving_is_deterministic(problem: Problem, key: str) -> None:
-    caps = TABLE[key]
-    try:
-        first = feasible_plans(problem, caps)
-    except TilingError as err:
-        try:
-            feasible_plans(problem, caps)
-        except TilingError as again:
-            assert str(again) == str(err)
-        return
+@SETTINGS
+@given(problem=problems(), caps=devices())
+def test_the_solver_finds_exactly_the_points_that_meet_every_constraint(
+    problem: Problem, caps: HardwareCaps
+) -> None:
+    for variant in VARIANTS:
+        domains = variant.domains(problem, caps)
+        every = [dict(zip(domains, values, strict=True)) for values in product(*domains.values())]
+        brute = [pt for pt in every if all(c.holds(problem, caps, pt) for c in variant.constraints)]
+        assert points(variant, problem, caps) == brute
+
+
+@settings(max_examples=25, deadline=None)
+@given(problem=problems(), caps=devices())
+def test_solving_is_deterministic(problem: Problem, caps: HardwareCaps) -> None:
+    first = feasible_plans(problem, caps)
     assert feasible_plans(problem, caps) == first
-    assert [p.as_dict() for p in first[:3]] == [
-        p.as_dict() for p in feasible_plans(problem, caps)[:3]
-    ]
-
-
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(problem=problems(max_heads=4, max_dim=96, max_batch=12), caps=small_caps())
-def test_solver_equals_brute_force_on_small_spaces(problem: Problem, caps: HardwareCaps) -> None:
-    model = Model(problem, caps)
-    # Trim the largest domains so that brute force stays fast; both sides use these.
-    model.domains = {
-        **model.domains,
-        "warps_m": (1, 2, 4),
-        "warps_k": (1, 2),
-        "blocks_per_sm": (1, 2),
-    }
-    space = product(*(model.domains[v] for v in VARIABLES))
-    brute = [
-        pt
-        for pt in (Point(*values) for values in space)
-        if all(c.holds(pt) for c in model.constraints)
-    ]
-    solved = ranked(model)
-    assert {row[1] for row in solved} == set(brute)
-    if brute:
-        best = min(
-            brute,
-            key=lambda pt: rank_key(
-                model, pt, model.layout(pt), estimate(model, pt, model.layout(pt))
-            ),
-        )
-        assert solved[0][1] == best
+    assert solve(problem, caps).as_dict() == solve(problem, caps).as_dict()

@@ -1,125 +1,165 @@
-"""The H100 sanity targets of the tiling issue (LSTM, bf16, B = 16) and explain()."""
+"""Plans of the example cells on an H100, checked by hand against the kernels' sizes; how the
+device's SM count changes them; and the plan table (tests/golden/plans-h100.txt) that the
+``rnncc plan`` command prints, one line per problem."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
+from plan_table import plan_rows
 
-from rnncc.tiling import HardwareCaps, Problem, TilingPlan, feasible_plans, solve
+from rnncc.cli import main
+from rnncc.tiling import HardwareCaps, Plan, Problem, caps_for_arch, solve
 
-
-def _all_of_r_on_chip(plan: TilingPlan) -> bool:
-    p = plan.problem
-    unit = p.gates_r * plan.heads_per_unit * plan.head_dim_padded**2 * p.dtype_bytes
-    on_chip = plan.r_reg_bytes_per_block + plan.r_smem_bytes_per_block
-    return on_chip == plan.r_bytes_per_block and on_chip * plan.blocks_per_unit == unit
+GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plans-h100.txt"
+LAUNCHES = "  launches    "
 
 
-def test_12x64_heads_are_block_units_with_block_barriers(
-    lstm: Callable[..., Problem], h100: HardwareCaps
+def _forward(plan: Plan) -> tuple[int, tuple[int, int, int], int, int, int]:
+    k = plan.launch.forward
+    assert k is not None, plan.summary()
+    return k.kernel, k.grid, k.threads, k.smem, k.launches
+
+
+def test_12x64_bf16_is_one_block_per_head_and_8_rows(
+    problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    plan = solve(lstm(12, 64), h100)
-    assert plan.tier == "block"
-    assert plan.heads_per_unit == 1 and plan.blocks_per_unit == 1
-    assert plan.barrier == "syncthreads"
-    assert plan.r_bytes_per_block == 4 * 64 * 64 * 2  # 32 KiB: one head's R per block
-    assert _all_of_r_on_chip(plan)
-    assert plan.n_units >= 12 and plan.waves == 1
+    plan = solve(problem("lstm", 12, 64), h100)
+    assert plan.variant == "block_mma" and plan.point == () and plan.fused
+    # 64 units / 8 per warp = 8 warps; 16 rows / 8 = 2 chunks.
+    assert _forward(plan) == (0, (12, 2, 1), 256, 0, 1)
+    # R as fragments: 2 gate pairs × 4 k tiles × 4 registers = 32, the limit.
+    assert plan.binding == ("r_fragments_fit_registers",)
 
 
-@pytest.mark.parametrize("head_dim", [64, 128, 256, 512, 768, 1024, 1536, 2048])
-def test_one_head_keeps_all_of_r_on_chip_up_to_2048(
-    head_dim: int, lstm: Callable[..., Problem], h100: HardwareCaps
+def test_1x768_bf16_is_wide_grid_blocks(
+    problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    plan = solve(lstm(1, head_dim), h100)
-    assert _all_of_r_on_chip(plan)
-    assert plan.smem_bytes_per_block <= h100.smem_per_block_optin
-    assert plan.regs_per_thread <= h100.max_regs_per_thread
+    plan = solve(problem("lstm", 1, 768), h100)
+    assert plan.variant == "grid_mma"
+    assert dict(plan.point) == {"n_tiles": 1, "unit_tiles": 2}
+    # 768 / 16 units = 48 blocks per head; 16 rows in chunks of 8 = 2 chunks; 96 ≤ 132 SMs,
+    # one launch. A k tile of R is 2 gate pairs × 2 unit tiles × 4 = 16 registers, so a
+    # warp's 64 take 4 of the 48 k tiles: 12 warps, each a partial sum of 16 × 8 floats.
+    assert _forward(plan) == (1, (48, 1, 2), 384, 12 * 2 * 2 * 1 * 4 * 32 * 4, 1)
+    assert plan.build["kernels"][1]["n_tiles"] == 1 and plan.build["kernels"][1]["unit_tiles"] == 2
+    # dg's 4 gate rows × 48 k tiles, in pairs of k tiles of 32 values.
+    assert plan.launch.exchange_words == 32 * (4 * 48 // 2)
 
 
-def test_768_needs_a_16_block_cluster_or_the_grid(
-    lstm: Callable[..., Problem], h100: HardwareCaps
+def test_1x1024_bf16_is_narrow_grid_blocks(
+    problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    plans = feasible_plans(lstm(1, 768), h100)
-    assert plans[0].tier != "block"
-    assert all(p.tier != "block" for p in plans)  # 4.7 MB of R does not fit one SM
-    clusters = [p for p in plans if p.tier == "cluster"]
-    # ≥ 10 SMs' registers and shared memory hold R; of the cluster sizes that divide 768,
-    # 12 and 16 do, and 16 is the non-portable opt-in size.
-    assert min(p.blocks_per_unit for p in clusters) >= 10
-    assert any(p.blocks_per_unit == 16 and p.cluster_nonportable for p in clusters)
+    plan = solve(problem("lstm", 1, 1024), h100)
+    # 128 narrow blocks per head fit 132 SMs once: 16 rows go in one chunk of 2 tiles rather
+    # than two launches of 8 rows. Wide blocks would take 16 product warps (of 12 at most).
+    assert dict(plan.point) == {"n_tiles": 2, "unit_tiles": 1}
+    assert _forward(plan)[1:3] == ((128, 1, 1), 256) and _forward(plan)[4] == 1
 
 
-def test_1024_needs_the_grid(lstm: Callable[..., Problem], h100: HardwareCaps) -> None:
-    plans = feasible_plans(lstm(1, 1024), h100)
-    assert {p.tier for p in plans} == {"grid"}  # 8.4 MB: beyond a 16-block cluster
-    assert plans[0].barrier == "grid"
-    assert plans[0].blocks_per_unit * plans[0].n_units <= h100.sm_count
-
-
-def test_units_never_need_more_than_the_chip_at_once(
-    lstm: Callable[..., Problem], h100: HardwareCaps
+@pytest.mark.parametrize(
+    ("cell", "heads", "head_dim", "dtype"),
+    [
+        ("lstm", 1, 768, "fp32"),  # a row of R is 768 floats: block_ffma stops at 64
+        ("lstm", 1, 2048, "bf16"),  # 256 narrow blocks > 132 SMs; no wide blocks past 768
+        ("gru", 2, 384, "fp32"),
+    ],
+)
+def test_past_the_fused_variants_runs_stepwise(
+    cell: str,
+    heads: int,
+    head_dim: int,
+    dtype: str,
+    problem: Callable[..., Problem],
+    h100: HardwareCaps,
 ) -> None:
-    plan = solve(lstm(1, 1024, batch=256), h100)
-    assert plan.tier == "grid"
-    assert plan.blocks_per_unit <= h100.sm_count
-    assert plan.r_replicated == (plan.n_chunks > 1)
+    plan = solve(problem(cell, heads, head_dim, dtype=dtype), h100)
+    assert plan.variant == "stepwise" and plan.launch.forward is None and not plan.fused
 
 
-def test_padding_and_masking(lstm: Callable[..., Problem], h100: HardwareCaps) -> None:
-    plan = solve(lstm(1, 24, batch=3), h100)
-    assert plan.head_dim_padded == 32
-    assert plan.batch_chunk_padded == 8 and plan.masked_batch_columns == 5
-    plan = solve(lstm(4, 200, batch=3), h100)
-    assert plan.head_dim_padded >= 200 and plan.head_dim_padded % 16 == 0
-    assert plan.head_dim_padded % plan.blocks_per_unit == 0
-
-
-def test_elementwise_cell_has_no_product_and_no_barrier(h100: HardwareCaps) -> None:
-    problem = Problem(gates_r=0, heads=12, head_dim=64, batch=16, mufu_ops=2, alu_ops=3)
-    plan = solve(problem, h100)
-    assert plan.mma == "none" and plan.barrier == "none" and plan.tier == "block"
-    assert plan.r_bytes_per_block == 0
-    assert "elementwise" in plan.explain()
-
-
-def test_fp32_uses_an_fp32_accurate_product(
-    lstm: Callable[..., Problem], h100: HardwareCaps
+def test_fp32_small_heads_run_ffma_blocks(
+    problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    fp32 = solve(lstm(12, 64, dtype="fp32"), h100)
-    bf16 = solve(lstm(12, 64), h100)
-    assert fp32.mma == "tf32x3" and fp32.mma_tile == (16, 8, 8)
-    assert fp32.predicted_us_per_step > bf16.predicted_us_per_step
+    # One thread per row of R: 4 × 64 (LSTM), 3 × 64 (GRU), and at least 128 (Elman's 64).
+    for cell, threads in (("lstm", 256), ("gru", 192), ("elman", 128)):
+        plan = solve(problem(cell, 12, 64, dtype="fp32"), h100)
+        assert plan.variant == "block_ffma"
+        assert _forward(plan) == (0, (12, 2, 1), threads, 0, 1)
 
 
-def test_explain_names_tier_binding_constraints_and_cost(
-    lstm: Callable[..., Problem], h100: HardwareCaps
+def test_cells_with_many_state_words_keep_narrow_blocks(
+    problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    text = solve(lstm(1, 1024), h100).explain()
-    assert "tier        grid" in text
-    assert "block tier ruled out by" in text and "r_fits_on_chip" in text
-    assert "cluster tier ruled out by" in text
-    assert "binding" in text and "µs/step forward" in text and "backward" in text
-    text = solve(lstm(1, 2048), h100).explain()
-    assert "registers_per_thread" in text.split("binding")[1].splitlines()[0]
+    # sLSTM's 4 states (peephole LSTM's 2 states and 3 params) exceed the 2 state words of a
+    # wide block's registers, so at D = 768 their blocks hold 8 units: 96 of them.
+    for cell in ("slstm", "peephole_lstm"):
+        plan = solve(problem(cell, 1, 768), h100)
+        assert plan.variant == "grid_mma" and dict(plan.point)["unit_tiles"] == 1
+        assert _forward(plan)[1] == (96, 1, 1)
 
 
-def test_as_dict_is_json(lstm: Callable[..., Problem], h100: HardwareCaps) -> None:
-    plan = solve(lstm(3, 256), h100)
+def test_pcie_has_too_few_sms_for_a_1024_head(problem: Callable[..., Problem]) -> None:
+    p = problem("lstm", 1, 1024)
+    sxm, pcie = caps_for_arch("h100"), caps_for_arch("h100-pcie")
+    assert (sxm.sm_count, pcie.sm_count) == (132, 114)
+    assert solve(p, sxm).variant == "grid_mma"
+    plan = solve(p, pcie)  # narrow blocks: 1024 / 8 = 128 co-resident, 114 SMs
+    assert plan.variant == "stepwise"
+    grid = {a.variant: a.binding for a in plan.alternatives}["grid_mma"]
+    assert grid == ("head_blocks_co_resident",)
+
+
+def test_a_smaller_slice_runs_fewer_heads_per_launch(
+    problem: Callable[..., Problem], h100: HardwareCaps
+) -> None:
+    p = problem("lstm", 8, 128)
+    whole = solve(p, h100)
+    # 8 wide blocks per head, 2 chunks of 8 rows: all 8 heads at once (128 blocks ≤ 132).
+    assert dict(whole.point) == {"n_tiles": 1, "unit_tiles": 2}
+    assert _forward(whole)[1] == (8, 8, 2) and _forward(whole)[4] == 1
+    mig = replace(h100, name="H100 slice", sm_count=16)
+    plan = solve(p, mig)
+    # 16 SMs: one chunk of 16 rows, 8 blocks per head, 2 heads per launch, 4 launches.
+    assert dict(plan.point) == {"n_tiles": 2, "unit_tiles": 2}
+    assert _forward(plan)[1] == (8, 2, 1) and _forward(plan)[4] == 4
+    assert plan.cost.forward_us > whole.cost.forward_us
+
+
+def test_explain_and_as_dict(problem: Callable[..., Problem], h100: HardwareCaps) -> None:
+    plan = solve(problem("lstm", 1, 768), h100)
+    text = plan.explain()
+    assert text.splitlines()[0] == (
+        "plan for Gr=4, NH=1, D=768, B=16, bf16 on NVIDIA H100 SXM (sm_90, 132 SMs)"
+    )
+    assert f"{LAUNCHES}{plan.summary()}" in text.splitlines()
+    assert "  parameters  n_tiles = 1, unit_tiles = 2" in text
+    assert "  other       stepwise: feasible, " in text
     data = json.loads(json.dumps(plan.as_dict()))
-    assert data["tier"] == plan.tier
-    assert data["problem"]["head_dim"] == 256
-    assert data["caps"]["sm_count"] == 132
-    assert data["cost"]["forward_us"] == plan.predicted_us_per_step
-    assert isinstance(data["binding"], list)
+    assert data["variant"] == "grid_mma" and data["point"] == {"n_tiles": 1, "unit_tiles": 2}
+    assert data["launch"]["forward"]["grid"] == [48, 1, 2]
+    assert data["sm_count"] == 132 and data["problem"]["head_dim"] == 768
+    assert plan.launched() == {"variant": "grid_mma", "launch": plan.launch.as_list()}
 
 
-def test_h100_pcie_and_sxm_plans_differ_by_sm_count(lstm: Callable[..., Problem]) -> None:
-    from rnncc.tiling import caps_for_arch
+def _planned(capsys: pytest.CaptureFixture[str]) -> list[str]:
+    lines = []
+    for path, nh, d, dtype, b in plan_rows():
+        argv = ["plan", str(path), "--hidden", str(nh * d), "--heads", str(nh)]
+        assert main([*argv, "--batch", str(b), "--dtype", dtype, "--arch", "h100"]) == 0
+        out = capsys.readouterr().out.splitlines()
+        summary = [line.removeprefix(LAUNCHES) for line in out if line.startswith(LAUNCHES)]
+        assert len(summary) == 1, out
+        lines.append(f"{path.stem} {nh}x{d} {dtype} {b}: {summary[0]}")
+    return lines
 
-    sxm = solve(lstm(12, 64, batch=256), caps_for_arch("h100"))
-    pcie = solve(lstm(12, 64, batch=256), caps_for_arch("h100-pcie"))
-    assert sxm.caps.sm_count == 132 and pcie.caps.sm_count == 114
-    assert pcie.predicted_us_per_step >= sxm.predicted_us_per_step
+
+def test_plan_table(capsys: pytest.CaptureFixture[str], update_golden: bool) -> None:
+    text = "\n".join(_planned(capsys)) + "\n"
+    if update_golden:
+        GOLDEN.write_text(text)
+    assert GOLDEN.exists(), f"no golden file {GOLDEN}; run pytest --update-golden"
+    assert text == GOLDEN.read_text(), "plans changed; review the diff, then --update-golden"
