@@ -52,7 +52,7 @@ def main(package: str) -> int:
 
     if device == "cuda":
         started = time.perf_counter()
-        cell.prepare(device, head_dim=H)
+        cell.prepare(device, head_dim=H, dtype=torch.float32, batch=B)
         print(
             f"CUDA kernels built or loaded from the cache in {time.perf_counter() - started:.1f} s"
         )
@@ -60,6 +60,8 @@ def main(package: str) -> int:
     results = run(layer, x)
     if device == "cuda":
         torch.cuda.synchronize()
+    if cell.last_plan is not None:
+        print(f"plan: {cell.last_plan.summary()}")
     print(
         f"backend {cell.last_backend} on {device}: outputs {tuple(results[0].shape)}, "
         f"last states {tuple(results[1].shape)}, forward + backward "

@@ -27,9 +27,6 @@ from rnncc.codegen.stepwise import (
 from rnncc.codegen.templates import render_template
 from rnncc.ir.cell import BackwardCell, Cell
 
-#: Batch rows of a block tier's block, and of a grid tier block's batch tile.
-BATCH_CHUNK = 8
-
 FFMA_LEAVES = LeafSpelling(
     state="st[{k}][q]",
     wx="wxv[{k}][q]",
@@ -272,7 +269,7 @@ def render_fused(
         header=header_comment(cell, plan),
         rec=cell.state_names.index(cell.recurrent) if cell.recurrent else 0,
         D=D,
-        BC=BATCH_CHUNK,
+        BC=build["batch_chunk"],
         traits=_traits(variant, build),
         ffma=ffma,
         mma=mma,

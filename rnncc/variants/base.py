@@ -19,6 +19,8 @@ if TYPE_CHECKING:  # the solver's types; variants sit below rnncc.tiling and nev
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
 
+#: Batch rows of a block-tier block, and of a grid-tier block's batch tile (the mma's n).
+BATCH_CHUNK = 8
 #: A point: the value of each of a variant's parameters, by name.
 Point = Mapping[str, Any]
 #: A variant's compile-time constants (JSON data): the traits its kernels are built with.

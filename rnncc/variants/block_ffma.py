@@ -8,8 +8,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rnncc.codegen.fused import BATCH_CHUNK, ffma_lines, render_fused
-from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
+from rnncc.variants.base import (
+    BATCH_CHUNK,
+    Constraint,
+    Cost,
+    KernelLaunch,
+    Launch,
+    Point,
+    Variant,
+    cdiv,
+)
 from rnncc.variants.costs import BLOCK_STEP_US, block_waves, pointwise_us
 
 if TYPE_CHECKING:
@@ -126,4 +134,6 @@ class BlockFfma(Variant):
         return Cost(terms, cdiv(blocks, caps.sm_count), unit * load, unit * load * BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
+        from rnncc.codegen.fused import ffma_lines, render_fused
+
         return render_fused(cell, self.name, build, ffma=ffma_lines(cell, bwd))

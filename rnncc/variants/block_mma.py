@@ -10,8 +10,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rnncc.codegen.fused import BATCH_CHUNK, mma_lines, render_fused
-from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
+from rnncc.variants.base import (
+    BATCH_CHUNK,
+    Constraint,
+    Cost,
+    KernelLaunch,
+    Launch,
+    Point,
+    Variant,
+    cdiv,
+)
 from rnncc.variants.block_ffma import STATIC_SMEM_BYTES
 from rnncc.variants.costs import BLOCK_STEP_US, block_waves, mma_us, pointwise_us
 
@@ -187,4 +195,6 @@ class BlockMma(Variant):
         return Cost(terms, cdiv(blocks, caps.sm_count), unit * load, unit * load * BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
+        from rnncc.codegen.fused import mma_lines, render_fused
+
         return render_fused(cell, self.name, build, mma=mma_lines(cell, bwd))

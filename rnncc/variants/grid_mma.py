@@ -12,8 +12,16 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rnncc.codegen.fused import grid_lines, render_fused
-from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
+from rnncc.variants.base import (
+    BATCH_CHUNK,
+    Constraint,
+    Cost,
+    KernelLaunch,
+    Launch,
+    Point,
+    Variant,
+    cdiv,
+)
 from rnncc.variants.costs import (
     GRID_GATHER_BYTES_PER_US,
     GRID_STEP_US,
@@ -241,6 +249,7 @@ class GridMma(Variant):
         return {
             "variant": self.name,
             "D": problem.head_dim,
+            "batch_chunk": BATCH_CHUNK,
             "exchange_words": exchange_words(problem),
             "kernels": _kernel_table(problem, LIBRARY_SMEM),
         }
@@ -288,4 +297,6 @@ class GridMma(Variant):
         return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
+        from rnncc.codegen.fused import grid_lines, render_fused
+
         return render_fused(cell, self.name, build, grid=grid_lines(cell, bwd))

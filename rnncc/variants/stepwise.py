@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.variants.base import Cost, Launch, Point, Variant
 from rnncc.variants.costs import STEPWISE_BACKWARD_US, STEPWISE_STEP_US
 
@@ -42,4 +41,6 @@ class Stepwise(Variant):
         return Cost(terms, 1, STEPWISE_STEP_US, STEPWISE_BACKWARD_US)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
+        from rnncc.codegen.stepwise import generate_stepwise
+
         return generate_stepwise(cell, bwd, threads=build["threads"])

@@ -134,12 +134,10 @@ def test_caps_for_device_reads_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     assert caps.name == "NVIDIA H100 PCIe" and caps.sm_count == 114
 
 
-def test_import_touches_no_gpu() -> None:
-    code = (
-        "import sys, rnncc.tiling, rnncc.variants\n"
-        "torch = sys.modules.get('torch')\n"
-        "print(torch is not None and torch.cuda.is_initialized())"
-    )
+def test_import_touches_no_gpu_and_loads_no_torch() -> None:
+    # The planner is pure Python: the variants import the code generator (and so torch) only
+    # to render.
+    code = "import sys, rnncc.tiling, rnncc.variants\nprint('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
