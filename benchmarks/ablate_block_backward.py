@@ -6,11 +6,12 @@ fit the LSTM at this size only, and compute wrong values (timing only).
 Usage (GPU machine): python benchmarks/ablate_block_backward.py
 """
 
+import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation import build_all, inputs, kernel_us, patched_sources, variant_ops
+from ablation import build_all, inputs, kernel_us, patched_ops, patched_sources, plan_for
 
 import rnncc
 
@@ -37,7 +38,7 @@ ACT = [
     ("rnncc_tanh(g_z)", "g_z"),
     ("rnncc_tanh(v_t2 * s_c + v_t3 * v_t4)", "(v_t2 * s_c + v_t3 * v_t4)"),
 ]
-VARIANTS = {
+ABLATIONS = {
     "base": [],
     "no-product": [PRODUCT],
     "no-dwx-store": [DWX],
@@ -54,20 +55,22 @@ VARIANTS = {
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     cell = rnncc.load("examples/lstm.rnn")
+    plan = plan_for(cell, "block_mma", NH, D, B)
     kernel = "fused_backward_mma(const rnncc_fused_bwd_args a)"
-    sources = patched_sources(cell, D, kernel, VARIANTS)
-    arch = build_all(cell, D, sources)
+    sources = patched_sources(cell, plan.build, kernel, ABLATIONS)
+    arch = build_all(cell, plan.build, sources)
     xs = inputs(cell, B, 1024, NH, D)
     for name, src in sources.items():
-        ops = variant_ops(cell, D, arch, src)
+        ops = patched_ops(cell, plan.build, arch, src)
         ins = [None if v is None else v.clone().requires_grad_() for v in xs]
 
         def run(ops=ops, ins=ins) -> None:
             for v in ins:
                 if v is not None:
                     v.grad = None
-            y, last = ops(*ins)
+            y, last = ops(*ins, plan.launch)
             (y.float().sum() + last.float().sum()).backward()
 
         us = kernel_us(run, "fused_backward")

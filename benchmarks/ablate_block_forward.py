@@ -6,13 +6,14 @@ LSTM at this size only, and compute wrong values (timing only).
 Usage (GPU machine): python benchmarks/ablate_block_forward.py
 """
 
+import argparse
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation import build_all, inputs, kernel_us, patched_sources, variant_ops
+from ablation import build_all, inputs, kernel_us, patched_ops, patched_sources, plan_for
 
 import rnncc
 
@@ -71,7 +72,7 @@ CELL = (
     "        const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);\n        // new states\n        const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);",
     "        const float v_t0 = g_f * s_c + g_i * g_z;\n        // new states\n        const float new_h = g_o * v_t0;",
 )
-VARIANTS = {
+ABLATIONS = {
     "base": [],
     "no-wx-load": [WX, COPY],
     "no-wx-copy": [COPY],
@@ -86,17 +87,22 @@ VARIANTS = {
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     cell = rnncc.load("examples/lstm.rnn")
-    sources = patched_sources(cell, D, "fused_forward_mma(const rnncc_fused_args a)", VARIANTS)
-    arch = build_all(cell, D, sources)
+    plan = plan_for(cell, "block_mma", NH, D, B)
+    kernel = "fused_forward_mma(const rnncc_fused_args a)"
+    sources = patched_sources(cell, plan.build, kernel, ABLATIONS)
+    arch = build_all(cell, plan.build, sources)
     xs = inputs(cell, B, 1024, NH, D)
     for name, src in sources.items():
-        ops = variant_ops(cell, D, arch, src)
+        ops = patched_ops(cell, plan.build, arch, src)
         times = {}
         for mode in ("no_grad", "train"):
             ins = [None if v is None else v.clone().requires_grad_(mode == "train") for v in xs]
             with torch.set_grad_enabled(mode == "train"):
-                times[mode] = kernel_us(lambda ops=ops, ins=ins: ops(*ins), "fused_forward")
+                times[mode] = kernel_us(
+                    lambda ops=ops, ins=ins: ops(*ins, plan.launch), "fused_forward"
+                )
         print(
             f"{name:26s} fw kernel no_grad {times['no_grad']:7.1f} us "
             f"({times['no_grad'] / 1024 * 1e3:5.0f} ns/step)  train {times['train']:7.1f} us",

@@ -1,35 +1,54 @@
-"""Shared by the ablation tools (``ablate_block_forward.py``, ``ablate_block_backward.py``): a
-cell's generated fused source with text patches applied inside one kernel, the variants built
-in parallel, and a variant's kernel time from the torch profiler.
+"""Shared by the ablation tools (``ablate_block_forward.py``, ``ablate_block_backward.py``,
+``grid_timeline.py``): a kernel variant's generated source with text patches applied inside
+one kernel, the patched libraries built in parallel, their ops, and a kernel's time from the
+torch profiler.
 
 A patch is ``(old, new)``: the first ``old`` after the kernel's signature becomes ``new``.
-Patched variants compute wrong values: timing only.
+Patched sources compute wrong values: timing only.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 import rnncc
-from rnncc.runtime import stepwise as sw
+from rnncc.codegen.stepwise import GeneratedSource
+from rnncc.config import get_config
+from rnncc.resources import templates_dir
+from rnncc.runtime.build import build_library
+from rnncc.runtime.kernels import KernelOps, arch_of
 from rnncc.testing import random_inputs
+from rnncc.tiling import Plan, Problem, caps_for_device, solve
+from rnncc.variants import BY_NAME
 
 Patch = tuple[str, str]
 
 
+def plan_for(cell: rnncc.CompiledCell, variant: str, NH: int, D: int, B: int) -> Plan:
+    """``variant``'s best point for the cell at these sizes (bf16) on the current device."""
+    problem = Problem.from_cell(cell.ir, heads=NH, head_dim=D, batch=B, dtype="bf16")
+    return solve(problem, caps_for_device(torch.cuda.current_device()), [BY_NAME[variant]])
+
+
 def patched_sources(
-    cell: rnncc.CompiledCell, D: int, kernel: str, variants: dict[str, Sequence[Patch]]
-) -> dict[str, object]:
-    """Each variant's generated source: its patches applied after ``kernel`` (a signature)."""
-    src = sw.generate_fused(cell.ir, cell.backward_ir, D)
+    cell: rnncc.CompiledCell,
+    build: Mapping[str, Any],
+    kernel: str,
+    ablations: dict[str, Sequence[Patch]],
+) -> dict[str, GeneratedSource]:
+    """The source of the variant library ``build`` describes, once per ablation, its patches
+    applied after ``kernel`` (a signature, or any text before the patched code)."""
+    src = BY_NAME[build["variant"]].render(cell.ir, cell.backward_ir, build)
     i = src.text.index(kernel)
     out = {}
-    for name, patches in variants.items():
+    for name, patches in ablations.items():
         head, tail = src.text[:i], src.text[i:]
         for old, new in patches:
             assert old in tail, f"{name}: not in the kernel: {old}"
@@ -38,32 +57,43 @@ def patched_sources(
     return out
 
 
-def build_all(cell: rnncc.CompiledCell, D: int, sources: dict[str, object]) -> str:
-    """Build every variant's library at once (16 jobs); returns the device's arch."""
-    arch = sw.arch_of(0)
+def build_source(
+    cell: rnncc.CompiledCell, build: Mapping[str, Any], source: GeneratedSource, arch: str
+) -> Path:
+    """Build ``source`` as the library of ``build`` (the name, headers and record that
+    ``rnncc.runtime.kernels.build_kernels`` gives it), so that its ops find it in the cache."""
+    variant = BY_NAME[build["variant"]]
+    return build_library(
+        variant.library_name(cell.name, build),
+        {source.filename: source.text},
+        arch=arch,
+        headers=[templates_dir() / h for h in source.headers],
+        description=f"{cell.name} {variant.name} kernels, patched ({arch})",
+        plan=dict(build),
+    )
 
-    def build(name: str) -> None:
-        src = sources[name]
-        sw.build_library(
-            f"rnncc_{cell.name}_fused_d{D}",
-            {src.filename: src.text},  # type: ignore[attr-defined]
-            arch=arch,
-            headers=sw._header_paths(),
-        )
 
-    with ThreadPoolExecutor(16) as pool:
-        list(pool.map(build, sources))
+def build_all(
+    cell: rnncc.CompiledCell, build: Mapping[str, Any], sources: dict[str, GeneratedSource]
+) -> str:
+    """Build every patched library at once (``MAX_JOBS`` builds, else 16); returns the arch."""
+    arch = arch_of(torch.cuda.current_device())
+    with ThreadPoolExecutor(get_config().max_jobs or 16) as pool:
+        list(pool.map(lambda src: build_source(cell, build, src, arch), sources.values()))
     return arch
 
 
-def variant_ops(cell: rnncc.CompiledCell, D: int, arch: str, source: object) -> sw.FusedOps:
-    """The fused ops of one variant (its library found in the cache by content)."""
-    original = sw.generate_fused
-    sw.generate_fused = lambda c, b, d: source  # type: ignore[assignment]
+def patched_ops(
+    cell: rnncc.CompiledCell, build: Mapping[str, Any], arch: str, source: GeneratedSource
+) -> KernelOps:
+    """The ops of one patched library (built by ``build_all``: found in the cache by content).
+    The variant renders ``source`` while they are made; not thread-safe."""
+    variant = BY_NAME[build["variant"]]
+    variant.render = lambda c, b, bld: source  # type: ignore[method-assign]
     try:
-        return sw.FusedOps(cell.ir, cell.backward_ir, arch, D)
+        return KernelOps(cell.ir, cell.backward_ir, build, arch)
     finally:
-        sw.generate_fused = original
+        del variant.render  # the class's render again
 
 
 def inputs(cell: rnncc.CompiledCell, B: int, T: int, NH: int, D: int) -> list:

@@ -17,6 +17,7 @@ Usage (GPU machine): python benchmarks/grid_timeline.py [CELL.rnn] [D] [B1,B2,..
     e.g. python benchmarks/grid_timeline.py examples/lstm.rnn 768 8,16,64
 """
 
+import argparse
 import ctypes
 import dataclasses
 import sys
@@ -25,7 +26,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation import build_all, inputs, kernel_us, patched_sources, variant_ops
+from ablation import build_all, inputs, kernel_us, patched_ops, patched_sources, plan_for
 
 import rnncc
 
@@ -46,8 +47,8 @@ __device__ __forceinline__ unsigned long long rnncc_gt() {
 """,
     ),
     (
-        "  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, 2 / kQ);\n",
-        """  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, 2 / kQ);
+        "  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);\n",
+        """  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);
   const int tl_b = blockIdx.y || blockIdx.z ? -1 : blockIdx.x == 0 ? 0 : blockIdx.x == gridDim.x - 1 ? 1 : -1;
   const int tl_lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   auto tlc = [&](int t, int p) {
@@ -118,14 +119,14 @@ PHASES = (
 )
 
 
-def report(B: int, ops, xs) -> str:
+def report(B: int, ops, launch, xs) -> str:
     lib = ops._lib
     with torch.no_grad():
         for _ in range(3):
-            ops(*xs)
+            ops(*xs, launch)
         torch.cuda.synchronize()
         assert lib.rnncc_tl_clear() == 0
-        ops(*xs)
+        ops(*xs, launch)
         torch.cuda.synchronize()
     phase = torch.zeros(2 * 1024 * 9, dtype=torch.int64)
     glob = torch.zeros(132 * STEPS * 2 * 2, dtype=torch.int64)
@@ -159,21 +160,27 @@ def report(B: int, ops, xs) -> str:
 
 
 def main() -> None:
-    path = sys.argv[1] if len(sys.argv) > 1 else "examples/lstm.rnn"
-    D = int(sys.argv[2]) if len(sys.argv) > 2 else 768
-    batches = [int(b) for b in (sys.argv[3] if len(sys.argv) > 3 else "8,16,64").split(",")]
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("cell", nargs="?", default="examples/lstm.rnn")
+    ap.add_argument("D", nargs="?", type=int, default=768, help="head dim (one head)")
+    ap.add_argument("batches", nargs="?", default="8,16,64", help="batch sizes, B1,B2,...")
+    args = ap.parse_args()
+    path, D = args.cell, args.D
+    batches = [int(b) for b in args.batches.split(",")]
     cell = rnncc.load(path)
-    srcs = patched_sources(cell, D, ANCHOR, {"plain": [], "stamped": PATCHES})
+    build = plan_for(cell, "grid_mma", 1, D, batches[0]).build  # the same for every batch
+    srcs = patched_sources(cell, build, ANCHOR, {"plain": [], "stamped": PATCHES})
     srcs["stamped"] = dataclasses.replace(srcs["stamped"], text=srcs["stamped"].text + READER)
-    arch = build_all(cell, D, srcs)
+    arch = build_all(cell, build, srcs)
+    ops = {name: patched_ops(cell, build, arch, src) for name, src in srcs.items()}
     for B in batches:
+        launch = plan_for(cell, "grid_mma", 1, D, B).launch
         xs = inputs(cell, B, T, 1, D)
         for name in ("plain", "stamped"):
-            ops = variant_ops(cell, D, arch, srcs[name])
             with torch.no_grad():
-                us = kernel_us(lambda ops=ops, xs=xs: ops(*xs), "fused_forward")
+                us = kernel_us(lambda o=ops[name], xs=xs, la=launch: o(*xs, la), "fused_forward")
             print(f"{path} 1x{D} B={B}: {name} forward kernel (no grad) {us:8.1f} us", flush=True)
-        print(report(B, ops, xs), flush=True)
+        print(report(B, ops["stamped"], launch, xs), flush=True)
 
 
 if __name__ == "__main__":

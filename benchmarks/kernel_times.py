@@ -10,7 +10,7 @@ Usage (GPU machine): python benchmarks/kernel_times.py CELL.rnn NH D B [T1,T2,..
     e.g. python benchmarks/kernel_times.py examples/lstm.rnn 12 64 16 256,1024
 """
 
-import sys
+import argparse
 
 import torch
 from torch.profiler import ProfilerActivity, profile
@@ -18,9 +18,16 @@ from torch.profiler import ProfilerActivity, profile
 import rnncc
 from rnncc.testing import random_inputs
 
-cellf, NH, D, B = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+ap.add_argument("cell", help="a .rnn file")
+ap.add_argument("NH", type=int)
+ap.add_argument("D", type=int)
+ap.add_argument("B", type=int)
+ap.add_argument("steps", nargs="?", default="1,16,256,1024", help="T1,T2,...")
+args = ap.parse_args()
+cellf, NH, D, B = args.cell, args.NH, args.D, args.B
 cell = rnncc.load(cellf)
-for T in [int(v) for v in (sys.argv[5] if len(sys.argv) > 5 else "1,16,256,1024").split(",")]:
+for T in [int(v) for v in args.steps.split(",")]:
     x = random_inputs(cell.ir, B, T, NH, D, seed=0)
     xs = [
         None if x[k] is None else x[k].to("cuda", torch.bfloat16).requires_grad_()

@@ -16,8 +16,9 @@ the report compares every head split with it. A point shared by several sweeps i
 once; its record lists the sweeps. Timing is ``rnncc.bench``'s (CUDA events, warm-up
 excluded, rotated inputs below 2× L2, ``fw`` under no_grad, ``fwbw`` with ``.sum().backward()``).
 
-Build: every cell's stepwise libraries are built up front, in parallel (wall time, and
-whether the cache was cold), then per cell a new process times ``rnncc.load`` to the first
+Build: the host loop and every kernel library the rnncc measurements run (the stepwise
+libraries and each case's planned fused variant) are built up front, in parallel (wall time,
+and whether the cache was cold), then per cell a new process times ``rnncc.load`` to the first
 result from the warm cache (``rnncc bench --json``).
 
 Output: the JSON (``{"machine", "protocol", "build", "records"}``) is rewritten atomically
@@ -112,37 +113,69 @@ def _key(system: str, case: Case) -> tuple[Any, ...]:
     return (system, *dataclasses.astuple(case))
 
 
-def build_all(cells: dict[str, Any]) -> dict[str, Any]:
-    """Build (or load) every cell's stepwise libraries and its fused kernels at every head
-    dim of the plan, all at once; wall time, per-cell times (the slowest of its builds) and
-    the libraries this run actually compiled (from the cache's builds.log)."""
+def libraries(items: dict[Key, list[str]], cells: dict[str, Any], caps: Any) -> list[Any]:
+    """(cell, build record) of every kernel library the rnncc systems of ``items`` run: per
+    case the plan of the system's backend (stepwise, or the cheapest fused variant where one
+    runs the size), as ``CompiledCell`` solves it."""
+    from rnncc.tiling import Problem, TilingError, solve
+    from rnncc.variants import VARIANTS
+
+    by_backend = {
+        "stepwise": [v for v in VARIANTS if v.host == "stepwise"],
+        "fused": [v for v in VARIANTS if v.host == "fused"],
+    }
+    found: dict[tuple[str, str], Any] = {}
+    for system, case in items:
+        if not system.startswith("rnncc-"):
+            continue
+        cell = cells[case.cell]
+        problem = Problem.from_cell(
+            cell.ir, heads=case.NH, head_dim=case.D, batch=case.B, dtype=case.dtype
+        )
+        try:
+            plan = solve(problem, caps, by_backend[system.split("-")[1]])
+        except TilingError:  # recorded unavailable when measured
+            continue
+        found.setdefault((cell.name, json.dumps(plan.build, sort_keys=True)), (cell, plan.build))
+    return list(found.values())
+
+
+def build_all(items: dict[Key, list[str]], cells: dict[str, Any]) -> dict[str, Any]:
+    """Build (or find in the cache) the host loop and every kernel library the plan's rnncc
+    measurements run, all at once (``MAX_JOBS`` builds, else 16); wall time, per-cell times
+    (the slowest of its builds) and the libraries this run actually compiled (from the
+    cache's builds.log)."""
     import torch
 
     from rnncc.config import get_config
-    from rnncc.runtime.stepwise import arch_of
+    from rnncc.runtime.kernels import arch_of, build_kernels, host_library
+    from rnncc.tiling import caps_for_device
 
     log = get_config().cache_dir / "builds.log"
     before = len(log.read_text().splitlines()) if log.exists() else 0
-    arch = arch_of(torch.cuda.current_device())
+    index = torch.cuda.current_device()
+    arch = arch_of(index)
+    jobs = libraries(items, cells, caps_for_device(index))
 
-    def one(job: tuple[Any, int]) -> tuple[Any, float]:
-        cell, D = job
+    def one(job: tuple[Any, dict[str, Any]]) -> tuple[Any, float]:
+        cell, record = job
         t = time.perf_counter()
-        cell.prepare("cuda", head_dim=D)
+        build_kernels(cell.ir, cell.backward_ir, record, arch)
         return cell, time.perf_counter() - t
 
-    head_dims = sorted({D for D, _ in HEAD_DIMS} | {D for _, D in SPLITS})
-    jobs = [(cell, D) for cell in cells.values() for D in head_dims]
     t0 = time.perf_counter()
     per_cell: dict[str, float] = {}
-    with ThreadPoolExecutor(max_workers=min(16, len(jobs))) as pool:
+    with ThreadPoolExecutor(max_workers=get_config().max_jobs or 16) as pool:
+        host = pool.submit(host_library, arch)
         for cell, seconds in pool.map(one, jobs):
             per_cell[cell.name] = max(per_cell.get(cell.name, 0.0), round(seconds, 2))
+        host.result()
     built = log.read_text().splitlines()[before:] if log.exists() else []
     return {
         "arch": arch,
         "parallel_wall_s": round(time.perf_counter() - t0, 2),
         "per_cell_s": per_cell,
+        "libraries": len(jobs),
         "compiled": [line.split()[0] for line in built],
         "cold_cache": bool(built),
         "cache_dir": str(get_config().cache_dir),
@@ -300,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         bench.write_results(out, machine, records, protocol=protocol, build=build)
 
     print(f"building {', '.join(cells)} ...", flush=True)
-    build.update(build_all(cells))
+    build.update(build_all(items, cells))
     print(f"build: {json.dumps(build)}", flush=True)
     build["cached_new_process"] = {}
     for name in ["lstm"] if args.quick and "lstm" in cells else list(cells):

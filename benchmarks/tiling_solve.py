@@ -2,8 +2,8 @@
 
 Cases: LSTM (Gr=4), bf16, the head-dim sweep (D, NH) ∈ {(16,48), (32,24), (64,12), (128,6),
 (256,3), (768,1)} plus 1×256 and 1×1024, at batch 2..256; the sLSTM and GRU cells at B=16
-and 64; the fp16 and fp32 anchors. Each case is solved ``--repeat`` times from scratch (a new
-model, no cache shared between solves) and the median is reported with the plan chosen.
+and 64; the fp16 and fp32 anchors. Each case is solved ``--repeat`` times over every kernel
+variant (nothing is kept between solves) and the median is reported with the plan chosen.
 
     python benchmarks/tiling_solve.py [--arch sm_90] [--repeat 3] [--json OUT]
 
@@ -67,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
             walls.append(time.perf_counter() - w0)
             cpus.append(time.process_time() - c0)
         ms, cpu_ms = statistics.median(walls) * 1e3, statistics.median(cpus) * 1e3
-        summary = (
-            f"{plan.tier}×{plan.blocks_per_unit} hpu={plan.heads_per_unit} "
-            f"chunk={plan.batch_chunk} {plan.mma} {plan.warps}w "
-            f"{plan.predicted_us_per_step:.2f}/{plan.predicted_bwd_us_per_step:.2f} µs"
-        )
+        summary = f"{plan.summary()}; {plan.cost.forward_us:.2f}/{plan.cost.backward_us:.2f} µs"
         print(f"{cell:6} {dtype:5} {f'{nh}×{d}':>7} {b:>4} {ms:8.1f} {cpu_ms:7.1f}  {summary}")
         rows.append(
             dict(
