@@ -20,12 +20,16 @@ import pytest
 
 from rnncc.autodiff import derive_backward
 from rnncc.cli import main
-from rnncc.codegen.fused import FUSED_DTYPES, fused_support, generate_fused
 from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.frontend import compile_source, read_source
 from rnncc.ir.ops import FUNCTIONS
 from rnncc.runtime.package import write_package
+from rnncc.tiling import Problem, caps_for_arch
+from rnncc.tiling.solve import points
+from rnncc.variants import VARIANTS
 
+H100 = caps_for_arch("h100")
+FUSED = [v for v in VARIANTS if v.host == "fused"]
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").glob("*.rnn"))
 INPUTS = 500
@@ -156,9 +160,13 @@ def _compiles(path: str, out: Path) -> int:
         write_package(cell, out)
         bwd = derive_backward(cell)
         assert generate_stepwise(cell, bwd).text
-        for D in (64, 768):
-            if any(fused_support(cell, D, dtype) is None for dtype in FUSED_DTYPES):
-                assert generate_fused(cell, bwd, D).text
+        for variant in FUSED:
+            for D in (64, 768):
+                problem = Problem.from_cell(
+                    cell, heads=1, head_dim=D, batch=16, dtype=variant.dtypes[0]
+                )
+                if points(variant, problem, H100):
+                    assert variant.render(cell, bwd, variant.build(problem)).text
     return len(cells)
 
 

@@ -17,7 +17,6 @@ import torch
 
 import rnncc
 from rnncc.autodiff import derive_backward
-from rnncc.codegen.fused import FUSED_DTYPES, fused_support, generate_fused
 from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.frontend import compile_source
 from rnncc.ir.cell import Cell
@@ -25,7 +24,12 @@ from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.verify import verify_backward, verify_cell
 from rnncc.runtime.package import load_package, write_package
 from rnncc.testing import random_inputs
+from rnncc.tiling import Problem, caps_for_arch
+from rnncc.tiling.solve import points
+from rnncc.variants import VARIANTS
 
+H100 = caps_for_arch("h100")
+FUSED = [v for v in VARIANTS if v.host == "fused"]
 DEEP = 3000  # well past sys.getrecursionlimit()
 
 
@@ -51,9 +55,13 @@ def through_every_stage(src: str, tmp_path: Path) -> Cell:
     verify_backward(bwd)
     assert print_backward(bwd).startswith("# backward of cell f")
     assert generate_stepwise(cell, bwd).text
-    for D in (64, 768):
-        if any(fused_support(cell, D, dtype) is None for dtype in FUSED_DTYPES):
-            assert generate_fused(cell, bwd, D).text
+    for variant in FUSED:
+        for D in (64, 768):
+            problem = Problem.from_cell(
+                cell, heads=1, head_dim=D, batch=16, dtype=variant.dtypes[0]
+            )
+            if points(variant, problem, H100):
+                assert variant.render(cell, bwd, variant.build(problem)).text
     package = write_package(cell, tmp_path / "pkg")
     loaded = load_package(package / "cell.json")
     assert print_cell(loaded.ir) == text

@@ -1,0 +1,330 @@
+"""The fused variants' CUDA: golden files, the constraints that rule each variant out, the
+build record reaching the kernels' traits, and nvcc compiling every example's libraries for
+sm_90a with no register spills and no warnings."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from codegen.test_stepwise_codegen import _compile, _nvcc
+
+import rnncc
+from rnncc.codegen.stepwise import GeneratedSource
+from rnncc.frontend import compile_source
+from rnncc.ir.cell import Cell
+from rnncc.resources import templates_dir
+from rnncc.tiling import Problem, caps_for_arch
+from rnncc.tiling.solve import diagnose, points, solve
+from rnncc.variants import BY_NAME, VARIANTS, Variant, block_ffma, block_mma, grid_mma
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.rnn"))
+GOLDEN = ROOT / "tests" / "golden"
+H100 = caps_for_arch("h100")
+FUSED = tuple(v for v in VARIANTS if v.host == "fused")
+FFMA, MMA, GRID = BY_NAME["block_ffma"], BY_NAME["block_mma"], BY_NAME["grid_mma"]
+
+
+def problem(cell: Cell, D: int, variant: Variant, batch: int = 16) -> Problem:
+    """One head of ``cell`` at head dim ``D`` in the first storage dtype ``variant`` runs."""
+    return Problem.from_cell(cell, heads=1, head_dim=D, batch=batch, dtype=variant.dtypes[0])
+
+
+def ruled_out(cell: Cell, D: int, variant: Variant) -> list[str]:
+    """The constraints that rule ``variant`` out for ``cell`` at ``D`` on an H100; [] where
+    some point of it is feasible."""
+    p = problem(cell, D, variant)
+    return [] if points(variant, p, H100) else diagnose(variant, p, H100)
+
+
+def render(cell: rnncc.CompiledCell, variant: Variant, D: int) -> GeneratedSource:
+    return variant.render(cell.ir, cell.backward_ir, variant.build(problem(cell.ir, D, variant)))
+
+
+def compile_cell(text: str) -> Cell:
+    (cell,), _ = compile_source(text)
+    return cell
+
+
+def example(name: str) -> rnncc.CompiledCell:
+    return rnncc.load(ROOT / "examples" / f"{name}.rnn")
+
+
+GOLDEN_CASES = [(p, v, 64) for p in EXAMPLES for v in (FFMA, MMA)]
+GOLDEN_CASES += [(p, GRID, 256) for p in EXAMPLES if p.stem in ("lstm", "gru")]
+
+
+@pytest.mark.parametrize(
+    ("path", "variant", "D"),
+    GOLDEN_CASES,
+    ids=[f"{p.stem}-{v.name}-d{D}" for p, v, D in GOLDEN_CASES],
+)
+def test_golden(path, variant, D, update_golden):
+    cell = rnncc.load(path)
+    if ruled_out(cell.ir, D, variant):
+        pytest.skip(f"{variant.name} does not run {cell.name} at head dim {D}")
+    src = render(cell, variant, D)
+    golden = GOLDEN / src.filename
+    if update_golden:
+        golden.write_text(src.text)
+    assert golden.exists(), f"no golden file {golden}; run pytest --update-golden"
+    assert src.text == golden.read_text(), f"{src.filename} changed; review, then --update-golden"
+
+
+def test_head_dim_limits_of_each_variant():
+    lstm = example("lstm").ir
+    assert all(not ruled_out(lstm, block_ffma.MAX_HEAD_DIM, v) for v in FUSED)
+    assert ruled_out(lstm, 65, FFMA) == ["r_row_fits_registers"]
+    assert ruled_out(lstm, 65, MMA) == ["r_fragments_fit_registers"]
+    # Past the block tier the 16-bit dtypes run the grid tier; float32 only stepwise.
+    assert not ruled_out(lstm, 65, GRID)
+    assert solve(problem(lstm, 65, FFMA), H100).variant == "stepwise"
+    # 129 warps of 8 units: past the block tier's 16.
+    assert "block_warps" in ruled_out(lstm, 1025, MMA)
+    # A head's blocks, 8 units each, must all be resident on the 132 SMs: 1056 units at most.
+    assert not ruled_out(lstm, 1056, GRID)
+    assert ruled_out(lstm, 1057, GRID) == ["head_blocks_co_resident"]
+    with pytest.raises(ValueError, match="got 'float64'"):
+        Problem.from_cell(lstm, heads=1, head_dim=64, batch=16, dtype="float64")
+
+
+def test_sizes_the_variants_derive():
+    lstm, elman = example("lstm").ir, example("elman").ir
+    p768 = problem(lstm, 768, GRID)
+    assert grid_mma.forward_warps(p768, 1)[0] == 6 and grid_mma.backward_warps(p768, 1)[0] == 8
+    assert grid_mma.exchange_words(p768) == 4 * 768
+    # One gate, 13 k tiles: h in fragment order takes 7 whole pairs of tiles, longer than dg.
+    assert grid_mma.exchange_words(problem(elman, 200, GRID)) == 224
+    assert block_mma.fragment_registers(problem(lstm, 64, MMA)) == 32
+    assert block_mma.fragment_registers(problem(elman, 128, MMA)) == 32
+    assert block_ffma.threads(problem(lstm, 64, FFMA)) == 256
+    assert block_ffma.threads(problem(lstm, 8, FFMA)) == 128
+    assert [block_mma.warps(problem(lstm, D, MMA)) for D in (64, 8, 20)] == [8, 1, 3]
+    # One gate of R: 128 units fit the block tier as mma fragments, not as float rows.
+    assert not ruled_out(elman, 128, MMA)
+    assert ruled_out(elman, 128, FFMA) == ["r_row_fits_registers"]
+
+
+def _gates(n: int, kind: str = "R h") -> str:
+    return ", ".join(f"g{k}" for k in range(n)) + f" = {kind}"
+
+
+def test_wide_gates_cells():
+    wide = compile_cell(
+        f"cell w(h) {{\n  gates {_gates(20)}\n  h = {' + '.join(f'g{k}' for k in range(20))}\n}}\n"
+    )
+    # 1280 rows of R exceed the 1024 threads of a block.
+    assert ruled_out(wide, 64, FFMA) == ["r_rows_fit_block", "backward_fits_shared_memory"]
+    assert block_mma.fragment_registers(problem(wide, 64, MMA)) == 160
+    assert ruled_out(wide, 64, MMA) == ["r_fragments_fit_registers"]
+    assert not ruled_out(wide, 64, GRID)
+
+    wider = compile_cell(
+        f"cell w(h) {{\n  gates {_gates(34)}\n  h = {' + '.join(f'g{k}' for k in range(34))}\n}}\n"
+    )
+    # R as fragments takes 68 registers per thread; one k tile of it in the grid tier as many.
+    assert block_mma.fragment_registers(problem(wider, 16, MMA)) == 68
+    assert ruled_out(wider, 16, MMA) == ["r_fragments_fit_registers"]
+    assert ruled_out(wider, 16, GRID) == ["r_tile_fits_registers"]
+
+
+def test_shared_memory_limits_of_the_block_mma_kernels():
+    # Twelve gates of W x: four steps of them (the forward's ring) overflow 48 KiB.
+    many = compile_cell(
+        f"cell m(h) {{\n  gates {_gates(12, 'W x')}\n  gates r = R h\n"
+        f"  h = tanh(r + {' + '.join(f'g{k}' for k in range(12))})\n}}\n"
+    )
+    assert block_mma.forward_smem(problem(many, 64, MMA)) == 2304 + 4 * 8 * (12 * 128 + 16)
+    assert ruled_out(many, 64, MMA) == ["forward_fits_shared_memory"]
+    assert not ruled_out(many, 56, MMA)
+
+    # 33 states: three steps of the backward's inputs (the saved states as float) overflow
+    # 227 KiB from head dim 48 on, though the forward's shared memory is small.
+    states = [f"s{k}" for k in range(32)]
+    deep = compile_cell(
+        f"cell m(h, {', '.join(states)}) {{\n  gates r = R h\n"
+        + "".join(f"  {s} = {s} * r\n" for s in states)
+        + f"  h = tanh(r + {' + '.join(states)})\n}}\n"
+    )
+    p32 = problem(deep, 32, MMA)
+    assert block_mma.backward_static_smem(p32) == 1536 + 2 * 16
+    assert block_mma.input_ring(p32)["bytes"] == 3 * (8 * (34 * 160 + 144) + 16)
+    assert not ruled_out(deep, 32, MMA)
+    assert ruled_out(deep, 48, MMA) == ["backward_fits_shared_memory"]
+
+    # Twelve W x gates and 96 params: the backward's static shared memory (dg and dWx
+    # double-buffered, 56 units padded to 64 per param) overflows 48 KiB, the forward's not.
+    params = [f"p{k}" for k in range(96)]
+    gates = [f"g{k}" for k in range(12)]
+    wide_params = compile_cell(
+        f"cell m(h) {{\n  param {', '.join(params)}\n  gates {', '.join(gates)} = W x\n"
+        f"  gates r = R h\n  h = tanh(r + {' + '.join(gates + params)})\n}}\n"
+    )
+    p56 = problem(wide_params, 56, MMA)
+    assert block_mma.forward_smem(p56) <= 48 * 1024
+    assert block_mma.backward_static_smem(p56) == 2 * 8 * 72 * 2 + 2 * 8 * 1424 + 97 * 64 * 4
+    assert not ruled_out(wide_params, 48, MMA)
+    assert ruled_out(wide_params, 56, MMA) == ["backward_fits_static_shared_memory"]
+
+
+def test_each_variant_renders_only_its_kernels():
+    elman = example("elman")
+    ffma = render(elman, FFMA, 64).text
+    assert "fused_forward_ffma<float>" in ffma and "fused_forward_mma" not in ffma
+    mma = render(elman, MMA, 64).text
+    assert "fused_forward_mma<__nv_bfloat16>" in mma and "mma_backward<__half>" in mma
+    assert "fused_forward_ffma" not in mma and "case RNNCC_F32" not in mma
+    assert ruled_out(elman.ir, 128, FFMA) and "mma_backward<__half>" in render(elman, MMA, 128).text
+    grid = render(elman, GRID, 64).text
+    assert "grid_launch<__half, true>" in grid and "fused_forward_mma" not in grid
+
+
+def test_wide_grid_blocks_only_for_the_cells_and_sizes_that_fit_them():
+    """The wide blocks' kernels (unit_tiles 2) are in the library's kernel table, and so built,
+    only for cells of few states plus params and heads up to 768 units."""
+
+    def wide(name: str, D: int) -> bool:
+        cell = example(name)
+        text = render(cell, GRID, D).text
+        (widths,) = re.findall(r"constexpr int kGridUW\[kGridKernels\] = \{([\d, ]+)\};", text)
+        built = "2" in widths.split(", ")
+        feasible = {pt["unit_tiles"] for pt in points(GRID, problem(cell.ir, D, GRID), H100)}
+        assert built == (2 in feasible)
+        return built
+
+    assert wide("lstm", 768)
+    assert not wide("lstm", 1024)  # past WIDE_MAX_HEAD_DIM
+    assert not wide("slstm", 768)  # 4 states
+    assert not wide("peephole_lstm", 768)  # 2 states and 3 params
+
+
+def test_batch_and_sequence_are_not_compiled_in():
+    gru = example("gru")
+    for variant in FUSED:
+        text = render(gru, variant, 24).text
+        assert "constexpr int kD = 24;" in text
+        assert not re.search(r"constexpr int k(B|T)\b", text)
+
+
+def _plan_record(text: str, variant: Variant) -> object:
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("// Plan: ")]
+    prefix = f"// Plan: {variant.name}, "
+    assert line.startswith(prefix), line
+    return json.loads(line.removeprefix(prefix))
+
+
+def _braced(values: list[int]) -> str:
+    return "{" + ", ".join(map(str, values)) + "}"
+
+
+@pytest.mark.parametrize(
+    ("variant", "name", "D"), [(FFMA, "lstm", 64), (MMA, "lstm", 64), (GRID, "lstm", 768)]
+)
+def test_build_record_reaches_the_traits_and_the_header(variant, name, D):
+    cell = example(name)
+    build = variant.build(problem(cell.ir, D, variant))
+    text = render(cell, variant, D).text
+    assert _plan_record(text, variant) == build
+    if variant is FFMA:
+        assert (build["threads"], build["groups"]) == (256, 4)
+        expected = [
+            f"constexpr int kThreads = {build['threads']};",
+            f"constexpr int kGroups = {build['groups']};",
+        ]
+    elif variant is MMA:
+        ring = build["ring"]
+        assert (build["warps"], build["threads"], ring["bytes"]) == (8, 256, 3 * ring["slot"])
+        expected = [
+            "constexpr int kWarps = 8;",
+            "constexpr int kMmaThreads = 256;",
+            f"constexpr int kWxAhead = {build['wx_ahead']};",
+            f"constexpr int kInAhead = {build['in_ahead']};",
+            f"constexpr int kWxRow = {build['wx_row']};",
+            f"constexpr int kInS = {ring['row32']};",
+            f"constexpr int kInR = {ring['row32']};",
+            f"constexpr int kInX = {ring['row16']};",
+            f"constexpr int kInY = {ring['row16']};",
+            f"constexpr int kInOffR = {ring['off_r']};",
+            f"constexpr int kInOffX = {ring['off_x']};",
+            f"constexpr int kInOffY = {ring['off_y']};",
+            f"constexpr int kInSlot = {ring['slot']};",
+            f"constexpr size_t kBwSmem = {ring['bytes']};",
+        ]
+    else:
+        kernels = build["kernels"]
+        assert [(k["n_tiles"], k["unit_tiles"]) for k in kernels] == list(grid_mma.KERNELS)
+
+        def column(key: str) -> str:
+            return _braced([k[key] for k in kernels])
+
+        expected = [
+            "constexpr int kXWords = 3072;",
+            "constexpr int kGridKernels = 7;",
+            "constexpr int kGridNT[kGridKernels] = {1, 1, 2, 4, 2, 4, 8};",
+            "constexpr int kGridUW[kGridKernels] = {1, 2, 2, 2, 1, 1, 1};",
+            f"constexpr int kGridFwThreads[kGridKernels] = {column('fw_threads')};",
+            f"constexpr int kGridBwThreads[kGridKernels] = {column('bw_threads')};",
+            f"constexpr size_t kGridFwSmem[kGridKernels] = {column('fw_smem')};",
+            f"constexpr size_t kGridBwSmem[kGridKernels] = {column('bw_smem')};",
+            "constexpr int kFwWarps[2] = {6, 12};",
+            "constexpr int kFwKT[2] = {8, 4};",
+            "constexpr int kBwWarps[2] = {8, 12};",
+            "constexpr int kBwKT[2] = {24, 16};",
+        ]
+    lines = text.splitlines()
+    for line in expected:
+        assert line in lines, f"{line!r} not in the traits block of {variant.name}"
+
+
+#: Formulas that the templates once spelled and the variants' build records now own: none
+#: may come back (one home per fact).
+RECOMPUTED = (
+    "(kD + 7) / 8;  // 8 units per warp",
+    "kWarps * 32",
+    "kThreads / kD",
+    "144 - ",
+    "in_row(",
+    "(kGTiles + 1) / 2 * 32",
+    "(kGTiles + 7) / 8",
+    "(kGTiles + 23) / 24",
+    "grid_fw_kt",
+    "grid_fw_warps",
+    "grid_bw_warps",
+    "grid_fw_threads",
+    "grid_fw_smem",
+    "grid_bw_smem",
+    "cudaOccupancyMaxActiveBlocksPerMultiprocessor",
+)
+
+
+@pytest.mark.parametrize("template", sorted(templates_dir().glob("*.j2")), ids=lambda p: p.name)
+def test_templates_do_not_recompute_the_build_record(template):
+    text = template.read_text(encoding="utf-8")
+    assert [f for f in RECOMPUTED if f in text] == []
+
+
+def _nvcc_sources() -> list[GeneratedSource]:
+    cells = {c.name: c for c in map(rnncc.load, EXAMPLES)}
+    cases = [(c, v, D) for c in cells.values() for D in (24, 64) for v in FUSED]
+    cases += [(c, MMA, 128) for c in cells.values()]
+    cases += [(c, GRID, 256) for c in cells.values()]
+    cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
+    return [render(c, v, D) for c, v, D in cases if not ruled_out(c.ir, D, v)]
+
+
+@pytest.mark.slow
+def test_nvcc_compiles_every_example_without_spills(tmp_path):
+    nvcc = _nvcc()
+    sources = _nvcc_sources()
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+        reports = list(pool.map(lambda s: _compile(nvcc, s, tmp_path), sources))
+    for src, report in zip(sources, reports, strict=True):
+        spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+        assert spills, f"no ptxas report for {src.filename}:\n{report}"
+        assert all(s == ("0", "0") for s in spills), f"{src.filename} spills registers:\n{report}"
+        assert "warning" not in report.lower(), f"{src.filename}:\n{report}"
