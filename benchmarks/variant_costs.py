@@ -55,6 +55,19 @@ PROBLEMS: tuple[Spec, ...] = (
     ("lstm.rnn", 1, 64, "fp32", 16),
     ("lstm.rnn", 1, 32, "bf16", 4),
 )
+#: ``--points``: the grid tier's problems of the benchmark suite, every feasible point timed.
+POINTS: tuple[Spec, ...] = tuple(
+    (f"{c}.rnn", NH, D, "bf16", B)
+    for c in ("lstm", "gru", "slstm")
+    for NH, D, B in (
+        (6, 128, 16),
+        (3, 256, 16),
+        (1, 768, 2),
+        (1, 768, 16),
+        (1, 768, 32),
+        (1, 768, 64),
+    )
+)
 #: One problem of each tier: block and grid mma, fp32.
 QUICK: tuple[Spec, ...] = (
     ("lstm.rnn", 12, 64, "bf16", 16),
@@ -101,10 +114,17 @@ class Entry:
         return f"{c.cell} {c.NH}x{c.D} {c.dtype} B{c.B}"
 
 
-def plan_problems(specs: tuple[Spec, ...], caps: Any) -> list[Entry]:
-    """Each problem's first choice, and each variant's best plan or binding constraints."""
+def name(plan: Any) -> str:
+    """A plan's variant and point, as the tables print it."""
+    point = ", ".join(f"{k}={v}" for k, v in plan.point)
+    return plan.variant + (f"({point})" if point else "")
+
+
+def plan_problems(specs: tuple[Spec, ...], caps: Any, every_point: bool = False) -> list[Entry]:
+    """Each problem's first choice, and each variant's best plan (``every_point``: every
+    feasible plan) or binding constraints."""
     import rnncc
-    from rnncc.tiling import Problem, solve
+    from rnncc.tiling import Problem, feasible_plans, solve
     from rnncc.tiling.solve import candidates, diagnose, points
 
     cells: dict[str, Any] = {}
@@ -117,7 +137,11 @@ def plan_problems(specs: tuple[Spec, ...], caps: Any) -> list[Entry]:
         plans, ruled_out = [], {}
         for v in candidates(problem):
             if points(v, problem, caps):
-                plans.append(solve(problem, caps, [v]))
+                plans += (
+                    feasible_plans(problem, caps, [v])
+                    if every_point
+                    else [solve(problem, caps, [v])]
+                )
             else:
                 ruled_out[v.name] = diagnose(v, problem, caps)
         case = Case(Path(file).stem, B, STEPS[-1], NH, D, dtype)
@@ -216,7 +240,7 @@ def measure_variant(
     short, long = got[STEPS[0]], got[STEPS[-1]]
     rec = VariantRecord(**long.as_dict())
     rec.variant, rec.point = plan.variant, dict(plan.point)
-    rec.first_choice = plan.variant == entry.first.variant
+    rec.first_choice = name(plan) == name(entry.first)
     rec.fw_ms_t256, rec.fwbw_ms_t256 = short.fw_ms, short.fwbw_ms
     if short.status != "ok":
         rec.status, rec.note = short.status, f"T={STEPS[0]}: {short.note}"
@@ -252,11 +276,14 @@ def verdict(entry: Entry, records: list[VariantRecord]) -> dict[str, Any]:
     """The planner's first choice against the fastest variant measured (fw + bw per step)."""
     c = entry.case
     timed = {
-        r.variant: r.measured_fw_us + r.measured_bw_us
+        r.variant
+        + (
+            f"({', '.join(f'{k}={v}' for k, v in r.point.items())})" if r.point else ""
+        ): r.measured_fw_us + r.measured_bw_us
         for r in records
         if r.measured_fw_us is not None and r.measured_bw_us is not None
     }
-    first = entry.first.variant
+    first = name(entry.first)
     fastest = min(timed, key=timed.__getitem__) if timed else None
     within = None
     if fastest is not None and first in timed:
@@ -267,7 +294,7 @@ def verdict(entry: Entry, records: list[VariantRecord]) -> dict[str, Any]:
         "D": c.D,
         "dtype": c.dtype,
         "B": c.B,
-        "variants": [p.variant for p in entry.plans],
+        "variants": [name(p) for p in entry.plans],
         "first_choice": first,
         "first_choice_point": dict(entry.first.point),
         "first_choice_fwbw_us": None if first not in timed else round(timed[first], 3),
@@ -351,6 +378,11 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     ap.add_argument("--quick", action="store_true", help=f"{len(QUICK)} problems only")
+    ap.add_argument(
+        "--points",
+        action="store_true",
+        help=f"the suite's {len(POINTS)} grid-tier problems, every feasible point of each variant",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output folder")
     args = ap.parse_args(argv)
 
@@ -370,7 +402,8 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(machine), flush=True)
     caps = caps_for_device(index)
     arch = arch_of(index)
-    entries = plan_problems(QUICK if args.quick else PROBLEMS, caps)
+    specs = QUICK if args.quick else POINTS if args.points else PROBLEMS
+    entries = plan_problems(specs, caps, every_point=args.points)
     failed = build_libraries(entries, arch)
 
     kept: dict[tuple[str, str], Any] = {}
@@ -383,7 +416,8 @@ def main(argv: list[str] | None = None) -> int:
             kept[key] = KernelOps(entry.cell.ir, entry.cell.backward_ir, plan.build, arch)
         return kept[key]
 
-    stem = f"variant-costs-{bench.gpu_slug(machine['gpu'])}-{machine['date']}"
+    kind = "point-costs" if args.points else "variant-costs"
+    stem = f"{kind}-{bench.gpu_slug(machine['gpu'])}-{machine['date']}"
     out = Path(args.out)
     protocol = {
         "steps": list(STEPS),
@@ -407,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         for r in recs:
             said = "ok" if r.status == "ok" else f"{r.status}: {r.note}"
             print(
-                f"[{k:2d}/{len(entries)}] {entry.label():24s} {r.variant:10s} fw "
+                f"[{k:2d}/{len(entries)}] {entry.label():24s} {r.variant:10s} {r.point} fw "
                 f"{_us(r.predicted_fw_us)} pred {_us(r.measured_fw_us)} meas, bw "
                 f"{_us(r.predicted_bw_us)} pred {_us(r.measured_bw_us)} meas  {said}",
                 flush=True,

@@ -294,7 +294,7 @@ def test_plan_explains_the_variant_and_its_launch(capsys) -> None:
     lines = out.splitlines()
     assert lines[0] == "plan for Gr=4, NH=1, D=768, B=64, bf16 on NVIDIA H100 SXM (sm_90, 132 SMs)"
     assert lines[1].startswith("  variant     grid_mma: mma.sync grid tier")
-    assert "  parameters  n_tiles = 4, unit_tiles = 2" in lines
+    assert "  parameters  n_tiles = 4, unit_tiles = 2, blocks_per_sm = 1" in lines
     assert (
         "  forward     kernel 3: 48×1×2 blocks of 384 threads, 98304 B dynamic shared memory"
         in lines

@@ -19,8 +19,10 @@ BLOCK_STEP_US = 0.25
 #: A grid-tier step beyond its product, cell and exchange bytes: publishing h, waiting for
 #: the counters of the other blocks, the L2 round trip.
 GRID_STEP_US = 1.45
-#: The grid tier's exchange: bytes a block gathers from L2 per µs after its wait.
+#: The grid tier's exchange: bytes a block gathers from L2 per µs after its wait, and at most
+#: the blocks of one SM together.
 GRID_GATHER_BYTES_PER_US = 30e3
+GRID_SM_GATHER_BYTES_PER_US = 42e3
 #: A stepwise step: a batched matrix product and a pointwise kernel, launched from the host
 #: loop (launch-bound at the problem sizes rnncc targets).
 STEPWISE_STEP_US = 24.0

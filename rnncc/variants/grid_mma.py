@@ -4,8 +4,9 @@ A head's units are split over blocks of 8 (narrow, ``unit_tiles`` 1) or 16 (wide
 each keeping its part of R in registers as mma fragments, the product's k split over the
 block's warps; a block also owns ``n_tiles`` × 8 batch rows. h (forward) and dg (backward)
 go through an exchange buffer in global memory behind a counter per batch chunk, each block
-waiting only for the values it reads. Every block of a launch must be resident at once (one
-per SM, a cooperative launch); (head, chunk) pairs beyond that run in further launches.
+waiting only for the values it reads. Every block of a launch must be resident at once (a
+cooperative launch of at most ``blocks_per_sm`` per SM, a number the SM holds whatever
+registers the compiled kernel takes); (head, chunk) pairs beyond that run in further launches.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from rnncc.variants.base import (
 )
 from rnncc.variants.costs import (
     GRID_GATHER_BYTES_PER_US,
+    GRID_SM_GATHER_BYTES_PER_US,
     GRID_STEP_US,
     mma_us,
     pointwise_us,
@@ -119,8 +121,43 @@ def r_tile_fits_registers(p: Problem, caps: HardwareCaps) -> bool:
     return gate_pairs(p) <= 16
 
 
-def head_blocks_co_resident(p: Problem, caps: HardwareCaps, uw: int) -> bool:
-    return blocks_per_head(p, uw) <= caps.sm_count
+def head_blocks_co_resident(p: Problem, caps: HardwareCaps, uw: int, bps: int) -> bool:
+    return blocks_per_head(p, uw) <= bps * caps.sm_count
+
+
+#: Registers a warp takes at most: 255 per thread, allocated 256 at a time per warp.
+WARP_REGISTERS = 8192
+
+
+def _kernel_of(p: Problem, nt: int, uw: int) -> dict[str, int] | None:
+    return next(
+        (k for k in _kernel_table(p, LIBRARY_SMEM) if (k["n_tiles"], k["unit_tiles"]) == (nt, uw)),
+        None,
+    )
+
+
+def blocks_fit_an_sm(p: Problem, caps: HardwareCaps, nt: int, uw: int, bps: int) -> bool:
+    """``bps`` blocks of the kernel fit one SM whatever registers ptxas gave its threads (one
+    always does: the kernels' launch bounds cap their registers at the SM's share)."""
+    k = _kernel_of(p, nt, uw)
+    if k is None:
+        return True  # kernel_exists says why
+    threads = max(k["fw_threads"], k["bw_threads"])
+    smem = max(k["fw_smem"], k["bw_smem"]) + caps.smem_reserved_per_block
+    return (
+        bps <= caps.max_blocks_per_sm
+        and bps * threads <= caps.max_threads_per_sm
+        and (bps == 1 or bps * cdiv(threads, 32) * WARP_REGISTERS <= caps.regs_per_sm)
+        and bps * smem <= caps.smem_per_sm
+    )
+
+
+def co_residence_only_when_needed(
+    p: Problem, caps: HardwareCaps, nt: int, uw: int, bps: int
+) -> bool:
+    """More blocks per SM only when fewer would not hold them all at once."""
+    blocks = blocks_per_head(p, uw) * p.heads * cdiv(p.batch, 8 * nt)
+    return bps == 1 or blocks > bps // 2 * caps.sm_count
 
 
 def product_warps(p: Problem, caps: HardwareCaps, uw: int) -> bool:
@@ -216,10 +253,26 @@ class GridMma(Variant):
         ),
         Constraint(
             "head_blocks_co_resident",
-            "the blocks of one head are resident at once, one per SM",
+            "the blocks of one head are resident at once, blocks_per_sm per SM",
             head_blocks_co_resident,
-            ("unit_tiles",),
-            usage=lambda p, caps, pt: (blocks_per_head(p, pt["unit_tiles"]), caps.sm_count),
+            ("unit_tiles", "blocks_per_sm"),
+            usage=lambda p, caps, pt: (
+                blocks_per_head(p, pt["unit_tiles"]),
+                pt["blocks_per_sm"] * caps.sm_count,
+            ),
+        ),
+        Constraint(
+            "blocks_fit_an_sm",
+            "blocks_per_sm blocks fit an SM's threads, shared memory and registers (at 255 per "
+            "thread)",
+            blocks_fit_an_sm,
+            ("n_tiles", "unit_tiles", "blocks_per_sm"),
+        ),
+        Constraint(
+            "co_residence_only_when_needed",
+            "more blocks per SM only when fewer do not hold all the blocks at once",
+            co_residence_only_when_needed,
+            ("n_tiles", "unit_tiles", "blocks_per_sm"),
         ),
         Constraint(
             "partial_sums_fit_shared_memory",
@@ -243,7 +296,7 @@ class GridMma(Variant):
     )
 
     def domains(self, problem: Problem, caps: HardwareCaps) -> dict[str, tuple[Any, ...]]:
-        return {"n_tiles": (1, 2, 4, 8), "unit_tiles": (1, 2)}
+        return {"n_tiles": (1, 2, 4, 8), "unit_tiles": (1, 2), "blocks_per_sm": (1, 2, 4)}
 
     def build(self, problem: Problem) -> dict[str, Any]:
         return {
@@ -262,10 +315,10 @@ class GridMma(Variant):
         raise ValueError(f"grid_mma builds no kernel for {dict(point)} at {problem.describe()}")
 
     def _split(self, problem: Problem, caps: HardwareCaps, point: Point) -> tuple[int, int, int]:
-        """(heads per launch, chunks per launch, launches) with at most one block per SM."""
+        """(heads per launch, chunks per launch, launches), blocks_per_sm per SM at most."""
         p, nt, uw = problem, point["n_tiles"], point["unit_tiles"]
         units, chunks = blocks_per_head(p, uw), cdiv(p.batch, 8 * nt)
-        capacity = caps.sm_count
+        capacity = point["blocks_per_sm"] * caps.sm_count
         if units * chunks <= capacity:
             heads, per = max(1, min(p.heads, capacity // (units * chunks))), chunks
         else:
@@ -286,11 +339,14 @@ class GridMma(Variant):
         )
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
-        p, nt, uw = problem, point["n_tiles"], point["unit_tiles"]
+        p, nt, uw, bps = problem, point["n_tiles"], point["unit_tiles"], point["blocks_per_sm"]
         rows, units = 8 * nt, 8 * uw
-        gather = rows * p.head_dim * p.dtype_bytes / GRID_GATHER_BYTES_PER_US
-        product = mma_us(max(p.gates_r, 1) * units * k_tiles(p) * 16 * rows, caps)
-        cell = pointwise_us(p, caps, units * rows)
+        # The gather of a step's h: at a block's rate, and the blocks of an SM share its L2
+        # bandwidth. The product and the cell share the SM's units.
+        nbytes = rows * p.head_dim * p.dtype_bytes
+        gather = max(nbytes / GRID_GATHER_BYTES_PER_US, bps * nbytes / GRID_SM_GATHER_BYTES_PER_US)
+        product = bps * mma_us(max(p.gates_r, 1) * units * k_tiles(p) * 16 * rows, caps)
+        cell = pointwise_us(p, caps, bps * units * rows)  # co-resident blocks' chains overlap
         terms = (("wait", GRID_STEP_US), ("gather", gather), ("product", product), ("cell", cell))
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps, point)[2]

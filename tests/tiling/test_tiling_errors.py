@@ -44,7 +44,9 @@ def test_2048_runs_on_no_fused_variant(problem: Callable[..., Problem], h100: Ha
         # Narrow blocks: 2048 / 8 = 256 of them per head, beyond 132 SMs; wide ones (128
         # blocks) exist only up to D = 768 and would need 32 product warps of 12. The nearest
         # misses are the narrow points, which break only co-residency.
-        "grid_mma": ["head_blocks_co_resident"],
+        # The nearest misses: narrow blocks one per SM (too many for the SMs), or two per SM
+        # (more than an SM holds at any register count).
+        "grid_mma": ["blocks_fit_an_sm", "head_blocks_co_resident"],
     }
 
 
@@ -53,9 +55,17 @@ def test_wide_blocks_are_ruled_out_by_their_own_constraints(
 ) -> None:
     p = problem("lstm", 1, 2048)
     constraints = BY_NAME["grid_mma"].constraints
-    wide = {c.name for c in constraints if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 2})}
+    wide = {
+        c.name
+        for c in constraints
+        if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 2, "blocks_per_sm": 1})
+    }
     assert wide == {"wide_blocks_fit_registers", "product_warps"}
-    narrow = {c.name for c in constraints if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 1})}
+    narrow = {
+        c.name
+        for c in constraints
+        if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 1, "blocks_per_sm": 1})
+    }
     assert narrow == {"head_blocks_co_resident"}
 
 
@@ -84,5 +94,5 @@ def test_stepwise_runs_what_no_fused_variant_does(
     plan = solve(problem("lstm", 1, 2048), h100)
     assert plan.variant == "stepwise" and not plan.fused
     text = plan.explain()
-    assert "  other       grid_mma: ruled out by head_blocks_co_resident" in text
+    assert "  other       grid_mma: ruled out by blocks_fit_an_sm, head_blocks_co_resident" in text
     assert "  other       block_mma: ruled out by block_warps, r_fragments_fit_registers" in text

@@ -83,7 +83,7 @@ def _check_launch(plan: Plan) -> None:
     assert 1 <= y <= p.heads and 1 <= z <= chunks
     # The host loops over heads by y and chunks by z; every launch is cooperative.
     assert fw.launches == cdiv(p.heads, y) * cdiv(chunks, z)
-    assert x * y * z <= caps.sm_count
+    assert x * y * z <= dict(plan.point)["blocks_per_sm"] * caps.sm_count
     kernel = build["kernels"][fw.kernel]
     assert (kernel["n_tiles"], kernel["unit_tiles"]) == (nt, uw)
     assert (kernel["fw_threads"], kernel["fw_smem"]) == (fw.threads, fw.smem)

@@ -88,7 +88,7 @@ def test_head_dim_limits_of_each_variant():
     assert "block_warps" in ruled_out(lstm, 1025, MMA)
     # A head's blocks, 8 units each, must all be resident on the 132 SMs: 1056 units at most.
     assert not ruled_out(lstm, 1056, GRID)
-    assert ruled_out(lstm, 1057, GRID) == ["head_blocks_co_resident"]
+    assert "head_blocks_co_resident" in ruled_out(lstm, 1057, GRID)
     with pytest.raises(ValueError, match="got 'float64'"):
         Problem.from_cell(lstm, heads=1, head_dim=64, batch=16, dtype="float64")
 
