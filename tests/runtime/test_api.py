@@ -458,7 +458,7 @@ def test_fused_backend_names_the_constraints_it_hits(monkeypatch) -> None:
     ]
     with pytest.raises(rnncc.TilingError, match="head_blocks_co_resident"):
         cell._choose("fused", _cuda_like(), _sizes(16, 1, 2048))
-    with pytest.raises(ValueError, match="got torch.float64"):
+    with pytest.raises(ValueError, match=r"got torch\.float64"):
         cell.plan(16, 1, 64, torch.float64)
 
 
