@@ -18,7 +18,7 @@ from rnncc.variants.base import (
     Variant,
     cdiv,
 )
-from rnncc.variants.costs import BLOCK_STEP_US, block_waves, pointwise_us
+from rnncc.variants.costs import block_tier_cost, cycles_us
 
 if TYPE_CHECKING:
     from rnncc.codegen.stepwise import GeneratedSource
@@ -122,16 +122,10 @@ class BlockFfma(Variant):
         return Launch(k, k)
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
-        p = problem
-        blocks = p.heads * cdiv(p.batch, BATCH_CHUNK)
         # Each thread: its row of R times the 8 columns of h, FFMA at the SM's fp32 rate.
-        fmas = threads(p) * p.head_dim * BATCH_CHUNK
-        product = fmas / caps.fp32_fma_per_clk * 1e-3 / caps.clock_ghz
-        cell = pointwise_us(p, caps, p.head_dim * BATCH_CHUNK)
-        terms = (("barriers", BLOCK_STEP_US), ("product", product), ("cell", cell))
-        unit = sum(us for _, us in terms)
-        load = block_waves(blocks, caps)
-        return Cost(terms, cdiv(blocks, caps.sm_count), unit * load, unit * load * BACKWARD_FACTOR)
+        fmas = threads(problem) * problem.head_dim * BATCH_CHUNK
+        product = cycles_us(fmas / caps.fp32_fma_per_clk, caps)
+        return block_tier_cost(problem, caps, product, BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.fused import ffma_lines, render_fused

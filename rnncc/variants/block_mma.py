@@ -21,7 +21,7 @@ from rnncc.variants.base import (
     cdiv,
 )
 from rnncc.variants.block_ffma import STATIC_SMEM_BYTES
-from rnncc.variants.costs import BLOCK_STEP_US, block_waves, mma_us, pointwise_us
+from rnncc.variants.costs import block_tier_cost, mma_us
 
 if TYPE_CHECKING:
     from rnncc.codegen.stepwise import GeneratedSource
@@ -185,14 +185,8 @@ class BlockMma(Variant):
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
         p = problem
-        blocks = p.heads * cdiv(p.batch, BATCH_CHUNK)
-        kp = k_tiles(p) * 16
-        product = mma_us(cdiv(p.gates_r, 2) * 2 * 8 * warps(p) * kp * BATCH_CHUNK, caps)
-        cell = pointwise_us(p, caps, p.head_dim * BATCH_CHUNK)
-        terms = (("barriers", BLOCK_STEP_US), ("product", product), ("cell", cell))
-        unit = sum(us for _, us in terms)
-        load = block_waves(blocks, caps)
-        return Cost(terms, cdiv(blocks, caps.sm_count), unit * load, unit * load * BACKWARD_FACTOR)
+        fmas = cdiv(p.gates_r, 2) * 2 * 8 * warps(p) * k_tiles(p) * 16 * BATCH_CHUNK
+        return block_tier_cost(p, caps, mma_us(fmas, caps), BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.fused import mma_lines, render_fused

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from rnncc.variants.base import BATCH_CHUNK, Cost, cdiv
+
 if TYPE_CHECKING:
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
@@ -50,3 +52,16 @@ def block_waves(blocks: int, caps: HardwareCaps) -> float:
     """How many times longer ``blocks`` independent blocks take than one per SM: blocks that
     share an SM share its issue slots and tensor cores."""
     return max(1.0, blocks / caps.sm_count)
+
+
+def block_tier_cost(
+    p: Problem, caps: HardwareCaps, product_us: float, backward_factor: float
+) -> Cost:
+    """A block-tier step (one block per head and 8 batch rows, never waiting on another):
+    the fixed part, the block's product and its cell, times how much the blocks crowd the
+    SMs; the backward as a multiple of the forward."""
+    blocks = p.heads * cdiv(p.batch, BATCH_CHUNK)
+    cell = pointwise_us(p, caps, p.head_dim * BATCH_CHUNK)
+    terms = (("barriers", BLOCK_STEP_US), ("product", product_us), ("cell", cell))
+    forward = sum(us for _, us in terms) * block_waves(blocks, caps)
+    return Cost(terms, cdiv(blocks, caps.sm_count), forward, forward * backward_factor)
