@@ -48,7 +48,11 @@ class OpDef:
     ``cuda``: a format string over the rendered operands ``{0} {1} {2}`` and ``{arg}``;
     for infix ops the bare operator.
     ``ref``: the torch reference, called with tensors (and ``arg`` for ``pow``).
-    ``special``: special-function unit (MUFU) instructions per evaluation, for cost models.
+    ``mufu``, ``alu``: special-function unit (MUFU) and plain fp32 instructions per evaluation,
+    as the fast-math CUDA spelling compiles (the variants' cost models read them): sigmoid =
+    1/(1 + ex2(-x·log2e)) is ex2 + rcp; tanh is MUFU.TANH (sm_75+); logsigmoid and softplus
+    (stable forms) are ex2 + lg2; div is rcp plus a Newton step; pow is ex2(y·lg2(x)) (small
+    integer exponents are cheaper: this bounds them); leaves and detach cost nothing.
     """
 
     name: str
@@ -59,8 +63,8 @@ class OpDef:
     cuda: str
     ref: Callable[..., Any] | None
     grad: GradRule | None
-    special: int = 0
-    flops: int = 1
+    mufu: int = 0
+    alu: int = 1
 
 
 def N(op: str, *src: Node, arg: Any = None) -> Node:
@@ -159,10 +163,11 @@ _ROWS: tuple[OpDef, ...] = (
             N("div", g, n.src[1]),
             N("div", N("mul", N("neg", g), n.src[0]), N("mul", n.src[1], n.src[1])),
         ),
-        special=1,
+        mufu=1,
+        alu=3,
     ),
     OpDef("neg", 1, "prefix", "-", PREC_NEG, "-", torch.neg, lambda n, g: (N("neg", g),)),
-    OpDef("pow", 1, "infix", "**", PREC_POW, "rnncc_pow({0}, {arg})", _pow, _grad_pow, 2),
+    OpDef("pow", 1, "infix", "**", PREC_POW, "rnncc_pow({0}, {arg})", _pow, _grad_pow, 2, 2),
     # functions
     OpDef(
         "sigmoid",
@@ -174,7 +179,8 @@ _ROWS: tuple[OpDef, ...] = (
         torch.sigmoid,
         # torch: sigmoid_backward = grad * (1 - y) * y
         lambda n, g: (N("mul", N("mul", g, N("sub", _c(1.0), n)), n),),
-        special=2,
+        mufu=2,
+        alu=2,
     ),
     OpDef(
         "tanh",
@@ -186,7 +192,8 @@ _ROWS: tuple[OpDef, ...] = (
         torch.tanh,
         # torch: tanh_backward = grad * (1 - y * y)
         lambda n, g: (N("mul", g, N("sub", _c(1.0), N("mul", n, n))),),
-        special=2,
+        mufu=1,
+        alu=0,
     ),
     OpDef(
         "exp",
@@ -197,7 +204,8 @@ _ROWS: tuple[OpDef, ...] = (
         "rnncc_exp({0})",
         torch.exp,
         lambda n, g: (N("mul", g, n),),
-        special=1,
+        mufu=1,
+        alu=1,
     ),
     OpDef(
         "log",
@@ -208,7 +216,8 @@ _ROWS: tuple[OpDef, ...] = (
         "rnncc_log({0})",
         torch.log,
         lambda n, g: (N("div", g, n.src[0]),),
-        special=1,
+        mufu=1,
+        alu=1,
     ),
     OpDef(
         "logsigmoid",
@@ -219,7 +228,8 @@ _ROWS: tuple[OpDef, ...] = (
         "rnncc_logsigmoid({0})",
         F.logsigmoid,
         lambda n, g: (N("mul", g, N("sigmoid", N("neg", n.src[0]))),),
-        special=2,
+        mufu=2,
+        alu=4,
     ),
     OpDef(
         "softplus",
@@ -233,7 +243,8 @@ _ROWS: tuple[OpDef, ...] = (
         lambda n, g: (
             N("where", N("gt", n.src[0], _c(20.0)), g, N("mul", g, N("sigmoid", n.src[0]))),
         ),
-        special=2,
+        mufu=2,
+        alu=4,
     ),
     OpDef(
         "relu",
@@ -257,7 +268,8 @@ _ROWS: tuple[OpDef, ...] = (
         torch.sqrt,
         # torch: grad / (2 * result)
         lambda n, g: (N("div", g, N("mul", _c(2.0), n)),),
-        special=1,
+        mufu=1,
+        alu=1,
     ),
     OpDef("max", 2, "call", "max", PREC_ATOM, "rnncc_max({0}, {1})", torch.maximum, _grad_max),
     OpDef("min", 2, "call", "min", PREC_ATOM, "rnncc_min({0}, {1})", torch.minimum, _grad_min),
@@ -276,7 +288,15 @@ _ROWS: tuple[OpDef, ...] = (
         ),
     ),
     OpDef(
-        "detach", 1, "call", "detach", PREC_ATOM, "{0}", torch.Tensor.detach, lambda n, g: (None,)
+        "detach",
+        1,
+        "call",
+        "detach",
+        PREC_ATOM,
+        "{0}",
+        torch.Tensor.detach,
+        lambda n, g: (None,),
+        alu=0,
     ),
     # comparisons: only as the first argument of where
     _compare("lt", "<", torch.lt, "<"),

@@ -5,11 +5,13 @@ Input: an IR cell (its declarations' counts and ``rnncc.ir.op_counts`` only) and
 
 The pointwise cost is per element (one hidden unit of one batch column) per step: MUFU
 instructions (special functions at their own throughput), plain ALU instructions, and the
-registers the cell's temporaries need. ``OP_COST`` holds the instruction mix of every op.
+registers the cell's temporaries need; each op's instruction mix is its row of the op table
+(``rnncc.ir.ops``).
 
 Invariants: sizes are positive, ``gates_r >= 0`` (0: no recurrent matrix product at all),
 ``dtype`` is one of ``DTYPES``. Non-goals: liveness analysis of the cell (``cell_regs`` is an
-estimate from the op counts); the backward cell's own op mix (cost.py scales the forward's).
+estimate from the op counts); the backward cell's own op mix (the variants scale the
+forward's).
 """
 
 from __future__ import annotations
@@ -20,43 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}  # storage dtype → bytes
-
-# op → (MUFU instructions, ALU instructions) in one evaluation, as the fast-math CUDA of the
-# op table compiles: sigmoid = 1/(1 + ex2(-x·log2e)) is ex2 + rcp; tanh is MUFU.TANH (sm_75+);
-# logsigmoid and softplus (stable forms) are ex2 + lg2; div is rcp plus a Newton step.
-OP_COST: dict[str, tuple[int, int]] = {
-    "add": (0, 1),
-    "sub": (0, 1),
-    "mul": (0, 1),
-    "neg": (0, 1),
-    "div": (1, 3),
-    "pow": (2, 2),  # ex2(y·lg2(x)); small integer exponents are cheaper, this bounds them
-    "sigmoid": (2, 2),
-    "tanh": (1, 0),
-    "exp": (1, 1),
-    "log": (1, 1),
-    "logsigmoid": (2, 4),
-    "softplus": (2, 4),
-    "sqrt": (1, 1),
-    "relu": (0, 1),
-    "abs": (0, 1),
-    "max": (0, 1),
-    "min": (0, 1),
-    "where": (0, 1),
-    "lt": (0, 1),
-    "le": (0, 1),
-    "gt": (0, 1),
-    "ge": (0, 1),
-    "eq": (0, 1),
-    "ne": (0, 1),
-    # Leaves and markers cost nothing at run time.
-    "detach": (0, 0),
-    "const": (0, 0),
-    "state": (0, 0),
-    "gate": (0, 0),
-    "param": (0, 0),
-}
-_UNKNOWN_OP_COST = (0, 2)  # an op added to the IR after this table: count it as plain ALU work
 
 
 @dataclass(frozen=True)
@@ -158,17 +123,17 @@ class Problem:
 
 
 def pointwise_mix(op_counts: Mapping[str, int]) -> tuple[int, int]:
-    """(MUFU, ALU) instructions per element per step for the given op counts."""
-    mufu = alu = 0
-    for op, count in op_counts.items():
-        m, a = OP_COST.get(op, _UNKNOWN_OP_COST)
-        mufu += m * count
-        alu += a * count
+    """(MUFU, ALU) instructions per element per step for the given op counts, from the op
+    table's rows (``rnncc.ir.ops``, imported here so that planning a problem needs no torch)."""
+    ops = importlib.import_module("rnncc.ir.ops").OPS
+    mufu = sum(ops[op].mufu * n for op, n in op_counts.items())
+    alu = sum(ops[op].alu * n for op, n in op_counts.items())
     return mufu, alu
 
 
 def estimate_cell_regs(op_counts: Mapping[str, int]) -> int:
     """Registers the cell's temporaries need per element: a bound from the count of non-leaf
     ops (a third of them live at once, at least 4, at most 32) — the IR gives no liveness."""
-    work = sum(c for op, c in op_counts.items() if OP_COST.get(op, _UNKNOWN_OP_COST) != (0, 0))
+    ops = importlib.import_module("rnncc.ir.ops").OPS
+    work = sum(c for op, c in op_counts.items() if (ops[op].mufu, ops[op].alu) != (0, 0))
     return max(4, min(32, 4 + work // 3))
