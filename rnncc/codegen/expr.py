@@ -127,11 +127,21 @@ def render_body(
     leaf: Callable[[Node], str],
     *,
     prefix: str = "v_",
+    root_names: list[str | None] | None = None,
 ) -> CudaBody:
     """Schedule ``roots`` and render them; see the module docstring. Temporaries are named
-    ``prefix`` + the user's name (or ``t<n>``); leaves must use other prefixes."""
-    sched = schedule(roots, NameAllocator(), max_depth=MAX_DEPTH)
-    names = {node: prefix + name for node, name in sched.names.items()}
+    ``prefix`` + the user's name (or ``t<n>``); leaves must use other prefixes. A root that
+    other expressions also use is bound under its name from ``root_names`` (``new_c``) where
+    one is given, so that the code reads as the cell does; its result is then that name."""
+    given: dict[Node, str] = {}
+    for root, name in zip(roots, root_names or [], strict=False):
+        if name is not None and not root.is_leaf:
+            given.setdefault(root, name)
+    sched = schedule(roots, NameAllocator(), max_depth=MAX_DEPTH, root_names=given)
+    names = {
+        node: name if given.get(node) == name else prefix + name
+        for node, name in sched.names.items()
+    }
     r = CudaRenderer(leaf, names)
     lines = tuple(
         f"const float {names[node]} = {r.expr(node, top=True)};" for _, node in sched.bindings

@@ -22,6 +22,7 @@ from rnncc.codegen.stepwise import (
     backward_lines,
     cell_context,
     header_comment,
+    tidy,
     update_lines,
 )
 from rnncc.codegen.templates import render_template
@@ -66,7 +67,7 @@ FFMA_BACKWARD = BackwardSpelling(
 MMA_LEAVES = LeafSpelling(
     state="st[{k}][q]",
     wx="bits_float<T>(wxv[{k}][q])",
-    rh="acc[{k} / 2][{k} % 2 * 2 + q]",
+    rh="acc[{pair}][{half} + q]",
     bias="bv[{k}][q]",
     param="pv[{k}][q]",
 )
@@ -165,24 +166,26 @@ _Y_AT = "(((long long){o} * a.B + gb) * a.T + t) * NHD + (long long)n * kD + d"
 def ffma_lines(cell: Cell, bwd: BackwardCell) -> KernelLines:
     """The FFMA kernels' cell lines."""
     return KernelLines(
-        update=update_lines(cell, FFMA_LEAVES),
-        stores=_stores(
-            cell,
-            "static_cast<T*>(a.y)[" + _Y_AT + "]",
-            "hs[d][b] = rnncc::from_float<float>({v});",
+        update=tidy(update_lines(cell, FFMA_LEAVES)),
+        stores=tidy(
+            _stores(
+                cell,
+                "static_cast<T*>(a.y)[" + _Y_AT + "]",
+                "hs[d][b] = rnncc::from_float<float>({v});",
+            )
         ),
-        backward=backward_lines(bwd, FFMA_BACKWARD),
+        backward=tidy(backward_lines(bwd, FFMA_BACKWARD)),
     )
 
 
 def mma_lines(cell: Cell, bwd: BackwardCell) -> KernelLines:
     """The block tier's tensor-core kernels' cell lines."""
     return KernelLines(
-        update=update_lines(cell, MMA_LEAVES),
-        stores=_stores(
-            cell, MMA_Y, "hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>({v});", MMA_HIST
+        update=tidy(update_lines(cell, MMA_LEAVES)),
+        stores=tidy(
+            _stores(cell, MMA_Y, "hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>({v});", MMA_HIST)
         ),
-        backward=backward_lines(bwd, MMA_BACKWARD),
+        backward=tidy(backward_lines(bwd, MMA_BACKWARD)),
     )
 
 
@@ -194,10 +197,10 @@ def grid_lines(cell: Cell, bwd: BackwardCell) -> KernelLines:
     )
     h = [publish.format(v=f"new_{cell.recurrent}")] if cell.recurrent else []
     return KernelLines(
-        update=update_lines(cell, MMA_LEAVES),
-        stores=_to_registers(cell) + h,
-        backward=backward_lines(bwd, GRID_BACKWARD),
-        late=_late_stores(cell, MMA_Y, MMA_HIST),
+        update=tidy(update_lines(cell, MMA_LEAVES)),
+        stores=tidy(_to_registers(cell) + h),
+        backward=tidy(backward_lines(bwd, GRID_BACKWARD)),
+        late=tidy(_late_stores(cell, MMA_Y, MMA_HIST)),
     )
 
 

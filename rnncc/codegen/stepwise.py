@@ -34,6 +34,28 @@ class GeneratedSource:
     headers: tuple[str, ...] = HEADERS
 
 
+#: Index arithmetic that the spellings write for a leaf's index k and that reads as noise once
+#: k is a number: ``[0 * NBD + i]`` is ``[i]``, ``[0 * yO]`` is ``[0]``, ``[0 + q]`` is
+#: ``[q]``, ``1 * NHD`` is ``NHD``. Rendered expressions never hold a bare integer (their
+#: literals are ``1.0f``), so only the spellings' indices match.
+_NOISE = (
+    (re.compile(r"\[0 \* [\w.]+ \+ "), "["),
+    (re.compile(r"\[0 \* [\w.]+\]"), "[0]"),
+    (re.compile(r"\[0 \+ "), "["),
+    (re.compile(r"(?<![\w.])1 \* ([\w.]+)"), r"\1"),
+)
+
+
+def tidy(lines: list[str]) -> list[str]:
+    """``lines`` without the index arithmetic of ``_NOISE``."""
+    out = []
+    for line in lines:
+        for pattern, repl in _NOISE:
+            line = pattern.sub(repl, line)
+        out.append(line)
+    return out
+
+
 def leaf_name(node: Node) -> str:
     return _LEAF_PREFIX[node.op] + str(node.arg)
 
@@ -45,7 +67,9 @@ def used_leaves(roots: list[Node]) -> set[tuple[str, str]]:
 @dataclass(frozen=True)
 class LeafSpelling:
     """How a kernel reads each kind of leaf: format strings over ``{k}``, the leaf's index on
-    its axis (state, param, or gate index within ``W x`` / ``R h`` / ``b``)."""
+    its axis (state, param, or gate index within ``W x`` / ``R h`` / ``b``); ``rh`` may also
+    use ``{pair}`` and ``{half}``, k // 2 and k % 2 * 2 (where a gate pair's accumulators hold
+    the gate)."""
 
     state: str
     wx: str
@@ -79,7 +103,8 @@ def leaf_loads(cell: Cell, used: set[tuple[str, str]], spell: LeafSpelling) -> l
         if g in ix:
             parts.append(spell.wx.format(k=ix[g]))
         if g in ir:
-            parts.append(spell.rh.format(k=ir[g]))
+            k = ir[g]  # the mma accumulators hold gate pairs: pair k // 2, element k % 2 * 2
+            parts.append(spell.rh.format(k=k, pair=k // 2, half=k % 2 * 2))
         if g in ib:
             parts.append(spell.bias.format(k=ib[g]))
         lines.append(f"const float g_{g} = {' + '.join(parts)};")
@@ -92,12 +117,13 @@ def leaf_loads(cell: Cell, used: set[tuple[str, str]], spell: LeafSpelling) -> l
 def update_lines(cell: Cell, spell: LeafSpelling) -> list[str]:
     """Leaf loads, the cell, and ``const float new_<state> = ...;`` for every state."""
     roots = [n for _, n in cell.updates]
-    body = render_body(roots, leaf_name)
+    body = render_body(roots, leaf_name, root_names=[f"new_{s}" for s, _ in cell.updates])
     lines = ["// leaves", *leaf_loads(cell, used_leaves(roots), spell), "// the cell"]
     lines += body.lines
-    lines.append("// new states")
-    for (s, _), expr in zip(cell.updates, body.results, strict=True):
-        lines.append(f"const float new_{s} = {expr};")
+    new = [(s, e) for (s, _), e in zip(cell.updates, body.results, strict=True) if e != f"new_{s}"]
+    if new:
+        lines.append("// new states")
+    lines += [f"const float new_{s} = {expr};" for s, expr in new]
     return lines
 
 
@@ -142,7 +168,13 @@ def backward_lines(bwd: BackwardCell, spell: BackwardSpelling = STEPWISE_BACKWAR
     states, ``dWx`` and the other gate parts' and the params' cotangents, as ``spell`` says."""
     cell = bwd.forward
     roots = list(bwd.roots)
-    body = render_body(roots, leaf_name)
+    keys = (
+        [("state", s) for s, _ in bwd.d_states]
+        + [("gate", g) for g, _ in bwd.d_gates]
+        + [("param", p) for p, _ in bwd.d_params]
+    )
+    names = [f"d_{name}" if kind == "gate" else None for kind, name in keys]
+    body = render_body(roots, leaf_name, root_names=names)
     used = used_leaves(roots)
     lines = ["// leaves", *leaf_loads(cell, used, spell.leaves)]
     for k, s in enumerate(cell.state_names):
@@ -153,11 +185,6 @@ def backward_lines(bwd: BackwardCell, spell: BackwardSpelling = STEPWISE_BACKWAR
             lines.append(f"const float do_{s} = {spell.dout.format(k=o)};")
     lines.append("// the backward cell")
     lines += body.lines
-    keys = (
-        [("state", s) for s, _ in bwd.d_states]
-        + [("gate", g) for g, _ in bwd.d_gates]
-        + [("param", p) for p, _ in bwd.d_params]
-    )
     results = dict(zip(keys, body.results, strict=True))
     lines.append("// cotangents of the old states, the gates and the params")
     for k, s in enumerate(cell.state_names):
@@ -165,7 +192,8 @@ def backward_lines(bwd: BackwardCell, spell: BackwardSpelling = STEPWISE_BACKWAR
     ix, ir, ib = (cell.part_index(p) for p in ("x", "r", "b"))
     for gate in cell.gates:
         g = gate.name
-        lines.append(f"const float d_{g} = {results[('gate', g)]};")
+        if results[("gate", g)] != f"d_{g}":
+            lines.append(f"const float d_{g} = {results[('gate', g)]};")
         if g in ix:
             lines.append(spell.d_wx.format(k=ix[g], v=f"d_{g}"))
         if g in ir:
@@ -225,8 +253,8 @@ def generate_stepwise(cell: Cell, bwd: BackwardCell, threads: int = 256) -> Gene
             cell, f"stepwise: one thread per (head, batch, unit), {threads} per block"
         ),
         threads=threads,
-        forward=forward_lines(cell),
-        backward=backward_lines(bwd),
+        forward=tidy(forward_lines(cell)),
+        backward=tidy(backward_lines(bwd)),
         **cell_context(cell),
     )
     return GeneratedSource(f"{cell.name}_stepwise.cu", text)

@@ -70,11 +70,14 @@ def schedule(
     *,
     bind_roots: bool = False,
     max_depth: int | None = None,
+    root_names: dict[Node, str] | None = None,
 ) -> Schedule:
     """Bind shared and user-named interior nodes (and, with ``bind_roots``, every root that is
     not a leaf; with ``max_depth``, every node whose inlined expression would nest that many
     operators) in topological order; see the module docstring. Comparisons are never bound:
-    the language allows them only inside ``where``, and they are cheap to repeat."""
+    the language allows them only inside ``where``, and they are cheap to repeat. A bound
+    root takes its name from ``root_names`` where given (the caller's name for the value it
+    produces), which the allocator must not hand out."""
     order = toposort(list(roots))
     counts = use_counts(roots, order)
     root_set = set(roots)
@@ -92,7 +95,8 @@ def schedule(
         named = node.name is not None
         deep = max_depth is not None and depth[node] >= max_depth
         if shared or named or deep or (bind_roots and node in root_set):
-            name = allocator.fresh(node.name)
+            given = (root_names or {}).get(node)
+            name = given if given is not None else allocator.fresh(node.name)
             names[node] = name
             bindings.append((name, node))
     return Schedule(tuple(bindings), names)

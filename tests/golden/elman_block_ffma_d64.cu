@@ -142,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
       const int b = j / kD, d = j % kD, gb = b0 + b;
       if (j < kElems && gb < a.B) {
         // leaves
-        const float g_a = wxv[0][q] + rhs[b][0 * kD + d] + bv[0][q];
+        const float g_a = wxv[0][q] + rhs[b][d] + bv[0][q];
         // the cell
         // new states
         const float new_h = rnncc_tanh(g_a);
@@ -242,16 +242,16 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         const long long yO = (long long)a.B * a.T * NHD;
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
-        const float g_a = rnncc::to_float(Wx[0 * NHD]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
+        const float g_a = rnncc::to_float(Wx[0]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = rnncc_tanh(g_a);
         // cotangents of the old states, the gates and the params
         nd[0][q] = 0.0f;
         const float d_a = (dn_h + do_h) * (1.0f - v_t0 * v_t0);
-        dWx[0 * NHD] = rnncc::from_float<T>(d_a);
-        dgs[0 * kD + d][b] = d_a;
+        dWx[0] = rnncc::from_float<T>(d_a);
+        dgs[d][b] = d_a;
         static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_a);
         gbacc[0][q] += d_a;
       } else if (j < kElems) {

@@ -397,14 +397,14 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
           for (int k = 0; k < kGr; ++k) rp[q][k * kD] = acc[k / 2][k % 2 * 2 + q];
         }
         // leaves
-        const float g_a = bits_float<T>(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
+        const float g_a = bits_float<T>(wxv[0][q]) + acc[0][q] + bv[0][q];
         // the cell
         // new states
         const float new_h = rnncc_tanh(g_a);
         // stores
         st[0][q] = new_h;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_h;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_h;
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }

@@ -56,13 +56,13 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float g_a = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
+  const float g_a = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
   // the cell
   // new states
   const float new_h = rnncc_tanh(g_a);
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -90,17 +90,17 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float g_a = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float g_a = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = rnncc_tanh(g_a);
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = 0.0f;
+  a.ds_old[i] = 0.0f;
   const float d_a = (dn_h + do_h) * (1.0f - v_t0 * v_t0);
-  dWx[0 * NHD] = rnncc::from_float<T>(d_a);
-  dGr[0 * a.D] = d_a;
-  dGb[0 * a.D] = d_a;
+  dWx[0] = rnncc::from_float<T>(d_a);
+  dGr[0] = d_a;
+  dGb[0] = d_a;
   (void)yO;
 }
 

@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
         const float g_xr = wxv[0][q];
         const float g_xz = wxv[1][q];
         const float g_xn = wxv[2][q];
-        const float g_hr = rhs[b][0 * kD + d] + bv[0][q];
-        const float g_hz = rhs[b][1 * kD + d] + bv[1][q];
+        const float g_hr = rhs[b][d] + bv[0][q];
+        const float g_hz = rhs[b][kD + d] + bv[1][q];
         const float g_hn = rhs[b][2 * kD + d] + bv[2][q];
         // the cell
         const float v_z = rnncc_sigmoid(g_xz + g_hz);
@@ -261,40 +261,37 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_xr = rnncc::to_float(Wx[0 * NHD]);
-        const float g_xz = rnncc::to_float(Wx[1 * NHD]);
+        const float g_xr = rnncc::to_float(Wx[0]);
+        const float g_xz = rnncc::to_float(Wx[NHD]);
         const float g_xn = rnncc::to_float(Wx[2 * NHD]);
         const float g_hr = a.rh[row * kRows + 0 * kD + d] + bv[0][q];
-        const float g_hz = a.rh[row * kRows + 1 * kD + d] + bv[1][q];
+        const float g_hz = a.rh[row * kRows + kD + d] + bv[1][q];
         const float g_hn = a.rh[row * kRows + 2 * kD + d] + bv[2][q];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_z = rnncc_sigmoid(g_xz + g_hz);
         const float v_t1 = 1.0f - v_z;
         const float v_r = rnncc_sigmoid(g_xr + g_hr);
         const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-        const float v_t2 = v_t0 * v_t1 * (1.0f - v_n * v_n);
-        const float v_t3 = v_t2 * g_hn * (1.0f - v_r) * v_r;
-        const float v_t4 = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
+        const float d_xn = v_t0 * v_t1 * (1.0f - v_n * v_n);
+        const float d_xr = d_xn * g_hn * (1.0f - v_r) * v_r;
+        const float d_xz = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
         // cotangents of the old states, the gates and the params
         nd[0][q] = v_t0 * v_z;
-        const float d_xr = v_t3;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_xr);
-        const float d_xz = v_t4;
-        dWx[1 * NHD] = rnncc::from_float<T>(d_xz);
-        const float d_xn = v_t2;
+        dWx[0] = rnncc::from_float<T>(d_xr);
+        dWx[NHD] = rnncc::from_float<T>(d_xz);
         dWx[2 * NHD] = rnncc::from_float<T>(d_xn);
-        const float d_hr = v_t3;
-        dgs[0 * kD + d][b] = d_hr;
+        const float d_hr = d_xr;
+        dgs[d][b] = d_hr;
         static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_hr);
         gbacc[0][q] += d_hr;
-        const float d_hz = v_t4;
-        dgs[1 * kD + d][b] = d_hz;
-        static_cast<T*>(a.dGr)[grow * kRows + 1 * kD + d] = rnncc::from_float<T>(d_hz);
+        const float d_hz = d_xz;
+        dgs[kD + d][b] = d_hz;
+        static_cast<T*>(a.dGr)[grow * kRows + kD + d] = rnncc::from_float<T>(d_hz);
         gbacc[1][q] += d_hz;
-        const float d_hn = v_t2 * v_r;
+        const float d_hn = d_xn * v_r;
         dgs[2 * kD + d][b] = d_hn;
         static_cast<T*>(a.dGr)[grow * kRows + 2 * kD + d] = rnncc::from_float<T>(d_hn);
         gbacc[2][q] += d_hn;

@@ -410,9 +410,9 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float g_xr = bits_float<T>(wxv[0][q]);
         const float g_xz = bits_float<T>(wxv[1][q]);
         const float g_xn = bits_float<T>(wxv[2][q]);
-        const float g_hr = acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-        const float g_hz = acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
-        const float g_hn = acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
+        const float g_hr = acc[0][q] + bv[0][q];
+        const float g_hz = acc[0][2 + q] + bv[1][q];
+        const float g_hn = acc[1][q] + bv[2][q];
         // the cell
         const float v_z = rnncc_sigmoid(g_xz + g_hz);
         const float v_r = rnncc_sigmoid(g_xr + g_hr);
@@ -421,8 +421,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float new_h = (1.0f - v_z) * v_n + v_z * s_h;
         // stores
         st[0][q] = new_h;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_h;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_h;
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }
@@ -691,24 +691,21 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       const float v_t1 = 1.0f - v_z;
       const float v_r = rnncc_sigmoid(g_xr + g_hr);
       const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-      const float v_t2 = v_t0 * v_t1 * (1.0f - v_n * v_n);
-      const float v_t3 = v_t2 * g_hn * (1.0f - v_r) * v_r;
-      const float v_t4 = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
+      const float d_xn = v_t0 * v_t1 * (1.0f - v_n * v_n);
+      const float d_xr = d_xn * g_hn * (1.0f - v_r) * v_r;
+      const float d_xz = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
       // cotangents of the old states, the gates and the params
       nd[0][q] = v_t0 * v_z;
-      const float d_xr = v_t3;
       o.wx[0][q] = d_xr;
-      const float d_xz = v_t4;
       o.wx[1][q] = d_xz;
-      const float d_xn = v_t2;
       o.wx[2][q] = d_xn;
-      const float d_hr = v_t3;
+      const float d_hr = d_xr;
       o.gr[0][q] = d_hr;
       o.gb[0][q] = d_hr;
-      const float d_hz = v_t4;
+      const float d_hz = d_xz;
       o.gr[1][q] = d_hz;
       o.gb[1][q] = d_hz;
-      const float d_hn = v_t2 * v_r;
+      const float d_hn = d_xn * v_r;
       o.gr[2][q] = d_hn;
       o.gb[2][q] = d_hn;
     }

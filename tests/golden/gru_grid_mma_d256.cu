@@ -485,9 +485,9 @@ __global__ void __launch_bounds__(kGridFwThreads[grid_kernel_index(NT, UW)], 1)
             const float g_xr = bits_float<T>(wxv[0][q]);
             const float g_xz = bits_float<T>(wxv[1][q]);
             const float g_xn = bits_float<T>(wxv[2][q]);
-            const float g_hr = acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-            const float g_hz = acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
-            const float g_hn = acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
+            const float g_hr = acc[0][q] + bv[0][q];
+            const float g_hz = acc[0][2 + q] + bv[1][q];
+            const float g_hn = acc[1][q] + bv[2][q];
             // the cell
             const float v_z = rnncc_sigmoid(g_xz + g_hz);
             const float v_r = rnncc_sigmoid(g_xr + g_hr);
@@ -512,8 +512,8 @@ __global__ void __launch_bounds__(kGridFwThreads[grid_kernel_index(NT, UW)], 1)
 #pragma unroll
               for (int k = 0; k < kGr; ++k) a.rh[(((long long)t * a.NH + n) * a.B + gb) * kRows + k * kD + d] = acc[k / 2][k % 2 * 2 + q];
             }
-            yp[q][0 * yO] = rnncc::from_float<T>(st[0][q]);
-            if (a.hist) hp[q][0 * NBD] = st[0][q];
+            yp[q][0] = rnncc::from_float<T>(st[0][q]);
+            if (a.hist) hp[q][0] = st[0][q];
           }
         }
       }
@@ -674,24 +674,21 @@ __global__ void __launch_bounds__(kGridBwThreads[grid_kernel_index(NT, UW)], 1)
           const float v_t1 = 1.0f - v_z;
           const float v_r = rnncc_sigmoid(g_xr + g_hr);
           const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-          const float v_t2 = v_t0 * v_t1 * (1.0f - v_n * v_n);
-          const float v_t3 = v_t2 * g_hn * (1.0f - v_r) * v_r;
-          const float v_t4 = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
+          const float d_xn = v_t0 * v_t1 * (1.0f - v_n * v_n);
+          const float d_xr = d_xn * g_hn * (1.0f - v_r) * v_r;
+          const float d_xz = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
           // cotangents of the old states, the gates and the params
           nd[0][q] = v_t0 * v_z;
-          const float d_xr = v_t3;
           o.wx[0][q] = d_xr;
-          const float d_xz = v_t4;
           o.wx[1][q] = d_xz;
-          const float d_xn = v_t2;
           o.wx[2][q] = d_xn;
-          const float d_hr = v_t3;
+          const float d_hr = d_xr;
           o.gr[0][q] = d_hr;
           o.gb[0][q] = d_hr;
-          const float d_hz = v_t4;
+          const float d_hz = d_xz;
           o.gr[1][q] = d_hz;
           o.gb[1][q] = d_hz;
-          const float d_hn = v_t2 * v_r;
+          const float d_hn = d_xn * v_r;
           o.gr[2][q] = d_hn;
           o.gb[2][q] = d_hn;
         }

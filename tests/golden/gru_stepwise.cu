@@ -65,12 +65,12 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_xr = rnncc::to_float(Wx[0 * NHD]);
-  const float g_xz = rnncc::to_float(Wx[1 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_xr = rnncc::to_float(Wx[0]);
+  const float g_xz = rnncc::to_float(Wx[NHD]);
   const float g_xn = rnncc::to_float(Wx[2 * NHD]);
-  const float g_hr = Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_hz = Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
+  const float g_hr = Rh[0] + rnncc::to_float(bias[0]);
+  const float g_hz = Rh[a.D] + rnncc::to_float(bias[NHD]);
   const float g_hn = Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
   // the cell
   const float v_z = rnncc_sigmoid(g_xz + g_hz);
@@ -79,8 +79,8 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   // new states
   const float new_h = (1.0f - v_z) * v_n + v_z * s_h;
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -108,39 +108,36 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_xr = rnncc::to_float(Wx[0 * NHD]);
-  const float g_xz = rnncc::to_float(Wx[1 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_xr = rnncc::to_float(Wx[0]);
+  const float g_xz = rnncc::to_float(Wx[NHD]);
   const float g_xn = rnncc::to_float(Wx[2 * NHD]);
-  const float g_hr = Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_hz = Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
+  const float g_hr = Rh[0] + rnncc::to_float(bias[0]);
+  const float g_hz = Rh[a.D] + rnncc::to_float(bias[NHD]);
   const float g_hn = Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_z = rnncc_sigmoid(g_xz + g_hz);
   const float v_t1 = 1.0f - v_z;
   const float v_r = rnncc_sigmoid(g_xr + g_hr);
   const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-  const float v_t2 = v_t0 * v_t1 * (1.0f - v_n * v_n);
-  const float v_t3 = v_t2 * g_hn * (1.0f - v_r) * v_r;
-  const float v_t4 = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
+  const float d_xn = v_t0 * v_t1 * (1.0f - v_n * v_n);
+  const float d_xr = d_xn * g_hn * (1.0f - v_r) * v_r;
+  const float d_xz = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t0 * v_z;
-  const float d_xr = v_t3;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_xr);
-  const float d_xz = v_t4;
-  dWx[1 * NHD] = rnncc::from_float<T>(d_xz);
-  const float d_xn = v_t2;
+  a.ds_old[i] = v_t0 * v_z;
+  dWx[0] = rnncc::from_float<T>(d_xr);
+  dWx[NHD] = rnncc::from_float<T>(d_xz);
   dWx[2 * NHD] = rnncc::from_float<T>(d_xn);
-  const float d_hr = v_t3;
-  dGr[0 * a.D] = d_hr;
-  dGb[0 * a.D] = d_hr;
-  const float d_hz = v_t4;
-  dGr[1 * a.D] = d_hz;
-  dGb[1 * a.D] = d_hz;
-  const float d_hn = v_t2 * v_r;
+  const float d_hr = d_xr;
+  dGr[0] = d_hr;
+  dGb[0] = d_hr;
+  const float d_hz = d_xz;
+  dGr[a.D] = d_hz;
+  dGb[a.D] = d_hz;
+  const float d_hn = d_xn * v_r;
   dGr[2 * a.D] = d_hn;
   dGb[2 * a.D] = d_hn;
   (void)yO;

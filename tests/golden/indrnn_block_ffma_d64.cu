@@ -247,18 +247,17 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_a = rnncc::to_float(Wx[0 * NHD]) + bv[0][q];
+        const float g_a = rnncc::to_float(Wx[0]) + bv[0][q];
         const float p_u = pv[0][q];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
-        const float v_t0 = (rnncc_relu(g_a + p_u * s_h) > 0.0f ? dn_h + do_h : 0.0f);
+        const float d_a = (rnncc_relu(g_a + p_u * s_h) > 0.0f ? dn_h + do_h : 0.0f);
         // cotangents of the old states, the gates and the params
-        nd[0][q] = v_t0 * p_u;
-        const float d_a = v_t0;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_a);
+        nd[0][q] = d_a * p_u;
+        dWx[0] = rnncc::from_float<T>(d_a);
         gbacc[0][q] += d_a;
-        pacc[0][q] += v_t0 * s_h;
+        pacc[0][q] += d_a * s_h;
       } else if (j < kElems) {
 #pragma unroll
         for (int r = 0; r < kGr; ++r) dgs[r * kD + d][b] = 0.0f;

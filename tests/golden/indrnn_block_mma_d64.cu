@@ -408,8 +408,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float new_h = rnncc_relu(g_a + p_u * s_h);
         // stores
         st[0][q] = new_h;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_h;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_h;
       }
     }
 #pragma unroll
@@ -668,13 +668,12 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       const float dn_h = ds[0][q];
       const float do_h = raw_float<T>(cur.dy[0], q);
       // the backward cell
-      const float v_t0 = (rnncc_relu(g_a + p_u * s_h) > 0.0f ? dn_h + do_h : 0.0f);
+      const float d_a = (rnncc_relu(g_a + p_u * s_h) > 0.0f ? dn_h + do_h : 0.0f);
       // cotangents of the old states, the gates and the params
-      nd[0][q] = v_t0 * p_u;
-      const float d_a = v_t0;
+      nd[0][q] = d_a * p_u;
       o.wx[0][q] = d_a;
       o.gb[0][q] = d_a;
-      o.p[0][q] = v_t0 * s_h;
+      o.p[0][q] = d_a * s_h;
     }
     // Stores, in the storage type, into shared memory: dWx, and the gate cotangents (the next
     // product's operand, and what the host's dR GEMM reads); bias and param cotangents summed.

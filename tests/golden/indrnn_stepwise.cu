@@ -59,15 +59,15 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_a = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float p_u = rnncc::to_float(prm[0 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_a = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float p_u = rnncc::to_float(prm[0]);
   // the cell
   // new states
   const float new_h = rnncc_relu(g_a + p_u * s_h);
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -95,19 +95,18 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_a = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float p_u = rnncc::to_float(prm[0 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float s_h = a.s_old[i];
+  const float g_a = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float p_u = rnncc::to_float(prm[0]);
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
-  const float v_t0 = (rnncc_relu(g_a + p_u * s_h) > 0.0f ? dn_h + do_h : 0.0f);
+  const float d_a = (rnncc_relu(g_a + p_u * s_h) > 0.0f ? dn_h + do_h : 0.0f);
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t0 * p_u;
-  const float d_a = v_t0;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_a);
-  dGb[0 * a.D] = d_a;
-  dP[0 * a.D] = v_t0 * s_h;
+  a.ds_old[i] = d_a * p_u;
+  dWx[0] = rnncc::from_float<T>(d_a);
+  dGb[0] = d_a;
+  dP[0] = d_a * s_h;
   (void)yO;
 }
 

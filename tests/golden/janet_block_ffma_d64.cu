@@ -146,8 +146,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
       if (j < kElems && gb < a.B) {
         // leaves
         const float s_h = st[0][q];
-        const float g_f = wxv[0][q] + rhs[b][0 * kD + d] + bv[0][q];
-        const float g_z = wxv[1][q] + rhs[b][1 * kD + d] + bv[1][q];
+        const float g_f = wxv[0][q] + rhs[b][d] + bv[0][q];
+        const float g_z = wxv[1][q] + rhs[b][kD + d] + bv[1][q];
         // the cell
         // new states
         const float new_h = rnncc_sigmoid(g_f) * s_h + (1.0f - rnncc_sigmoid(g_f - 1.0f)) * rnncc_tanh(g_z);
@@ -248,10 +248,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_f = rnncc::to_float(Wx[0 * NHD]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
-        const float g_z = rnncc::to_float(Wx[1 * NHD]) + a.rh[row * kRows + 1 * kD + d] + bv[1][q];
+        const float g_f = rnncc::to_float(Wx[0]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
+        const float g_z = rnncc::to_float(Wx[NHD]) + a.rh[row * kRows + kD + d] + bv[1][q];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_t1 = rnncc_sigmoid(g_f);
@@ -261,14 +261,14 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         // cotangents of the old states, the gates and the params
         nd[0][q] = v_t0 * v_t1;
         const float d_f = -(v_t0 * v_t2) * v_t4 * v_t3 + v_t0 * s_h * (1.0f - v_t1) * v_t1;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_f);
-        dgs[0 * kD + d][b] = d_f;
+        dWx[0] = rnncc::from_float<T>(d_f);
+        dgs[d][b] = d_f;
         static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_f);
         gbacc[0][q] += d_f;
         const float d_z = v_t0 * v_t4 * (1.0f - v_t2 * v_t2);
-        dWx[1 * NHD] = rnncc::from_float<T>(d_z);
-        dgs[1 * kD + d][b] = d_z;
-        static_cast<T*>(a.dGr)[grow * kRows + 1 * kD + d] = rnncc::from_float<T>(d_z);
+        dWx[NHD] = rnncc::from_float<T>(d_z);
+        dgs[kD + d][b] = d_z;
+        static_cast<T*>(a.dGr)[grow * kRows + kD + d] = rnncc::from_float<T>(d_z);
         gbacc[1][q] += d_z;
       } else if (j < kElems) {
 #pragma unroll

@@ -401,15 +401,15 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         }
         // leaves
         const float s_h = st[0][q];
-        const float g_f = bits_float<T>(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-        const float g_z = bits_float<T>(wxv[1][q]) + acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
+        const float g_f = bits_float<T>(wxv[0][q]) + acc[0][q] + bv[0][q];
+        const float g_z = bits_float<T>(wxv[1][q]) + acc[0][2 + q] + bv[1][q];
         // the cell
         // new states
         const float new_h = rnncc_sigmoid(g_f) * s_h + (1.0f - rnncc_sigmoid(g_f - 1.0f)) * rnncc_tanh(g_z);
         // stores
         st[0][q] = new_h;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_h;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_h;
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }

@@ -59,15 +59,15 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_f = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_z = rnncc::to_float(Wx[1 * NHD]) + Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_f = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
+  const float g_z = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
   // the cell
   // new states
   const float new_h = rnncc_sigmoid(g_f) * s_h + (1.0f - rnncc_sigmoid(g_f - 1.0f)) * rnncc_tanh(g_z);
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -95,11 +95,11 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_f = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_z = rnncc::to_float(Wx[1 * NHD]) + Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float s_h = a.s_old[i];
+  const float g_f = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
+  const float g_z = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_t1 = rnncc_sigmoid(g_f);
@@ -107,15 +107,15 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const float v_t3 = rnncc_sigmoid(g_f - 1.0f);
   const float v_t4 = 1.0f - v_t3;
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t0 * v_t1;
+  a.ds_old[i] = v_t0 * v_t1;
   const float d_f = -(v_t0 * v_t2) * v_t4 * v_t3 + v_t0 * s_h * (1.0f - v_t1) * v_t1;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_f);
-  dGr[0 * a.D] = d_f;
-  dGb[0 * a.D] = d_f;
+  dWx[0] = rnncc::from_float<T>(d_f);
+  dGr[0] = d_f;
+  dGb[0] = d_f;
   const float d_z = v_t0 * v_t4 * (1.0f - v_t2 * v_t2);
-  dWx[1 * NHD] = rnncc::from_float<T>(d_z);
-  dGr[1 * a.D] = d_z;
-  dGb[1 * a.D] = d_z;
+  dWx[NHD] = rnncc::from_float<T>(d_z);
+  dGr[a.D] = d_z;
+  dGb[a.D] = d_z;
   (void)yO;
 }
 

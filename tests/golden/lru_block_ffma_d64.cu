@@ -252,10 +252,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_u = rnncc::to_float(Wx[0 * NHD]);
+        const float g_u = rnncc::to_float(Wx[0]);
         const float p_nu_log = pv[0][q];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_t1 = rnncc_exp(p_nu_log);
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         // cotangents of the old states, the gates and the params
         nd[0][q] = v_t0 * v_lam;
         const float d_u = v_t0 * v_t2;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_u);
+        dWx[0] = rnncc::from_float<T>(d_u);
         pacc[0][q] += -((-(v_t0 * g_u / (2.0f * v_t2)) * (2.0f * v_lam) + v_t0 * s_h) * v_lam) * v_t1;
       } else if (j < kElems) {
 #pragma unroll

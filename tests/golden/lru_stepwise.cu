@@ -63,16 +63,16 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_u = rnncc::to_float(Wx[0 * NHD]);
-  const float p_nu_log = rnncc::to_float(prm[0 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_u = rnncc::to_float(Wx[0]);
+  const float p_nu_log = rnncc::to_float(prm[0]);
   // the cell
   const float v_lam = rnncc_exp(-rnncc_exp(p_nu_log));
   // new states
   const float new_h = v_lam * s_h + rnncc_sqrt(1.0f - v_lam * v_lam) * g_u;
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -100,21 +100,21 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_u = rnncc::to_float(Wx[0 * NHD]);
-  const float p_nu_log = rnncc::to_float(prm[0 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float s_h = a.s_old[i];
+  const float g_u = rnncc::to_float(Wx[0]);
+  const float p_nu_log = rnncc::to_float(prm[0]);
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_t1 = rnncc_exp(p_nu_log);
   const float v_lam = rnncc_exp(-v_t1);
   const float v_t2 = rnncc_sqrt(1.0f - v_lam * v_lam);
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t0 * v_lam;
+  a.ds_old[i] = v_t0 * v_lam;
   const float d_u = v_t0 * v_t2;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_u);
-  dP[0 * a.D] = -((-(v_t0 * g_u / (2.0f * v_t2)) * (2.0f * v_lam) + v_t0 * s_h) * v_lam) * v_t1;
+  dWx[0] = rnncc::from_float<T>(d_u);
+  dP[0] = -((-(v_t0 * g_u / (2.0f * v_t2)) * (2.0f * v_lam) + v_t0 * s_h) * v_lam) * v_t1;
   (void)yO;
 }
 

@@ -150,15 +150,14 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
       if (j < kElems && gb < a.B) {
         // leaves
         const float s_c = st[1][q];
-        const float g_i = wxv[0][q] + rhs[b][0 * kD + d] + bv[0][q];
-        const float g_f = wxv[1][q] + rhs[b][1 * kD + d] + bv[1][q];
+        const float g_i = wxv[0][q] + rhs[b][d] + bv[0][q];
+        const float g_f = wxv[1][q] + rhs[b][kD + d] + bv[1][q];
         const float g_z = wxv[2][q] + rhs[b][2 * kD + d] + bv[2][q];
         const float g_o = wxv[3][q] + rhs[b][3 * kD + d] + bv[3][q];
         // the cell
-        const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
+        const float new_c = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
         // new states
-        const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);
-        const float new_c = v_t0;
+        const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(new_c);
         // stores
         st[0][q] = new_h;
         st[1][q] = new_c;
@@ -258,13 +257,13 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_c = a.hist[((((long long)t * kS + 1) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_i = rnncc::to_float(Wx[0 * NHD]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
-        const float g_f = rnncc::to_float(Wx[1 * NHD]) + a.rh[row * kRows + 1 * kD + d] + bv[1][q];
+        const float g_i = rnncc::to_float(Wx[0]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
+        const float g_f = rnncc::to_float(Wx[NHD]) + a.rh[row * kRows + kD + d] + bv[1][q];
         const float g_z = rnncc::to_float(Wx[2 * NHD]) + a.rh[row * kRows + 2 * kD + d] + bv[2][q];
         const float g_o = rnncc::to_float(Wx[3 * NHD]) + a.rh[row * kRows + 3 * kD + d] + bv[3][q];
         const float dn_h = ds[0][q];
         const float dn_c = ds[1][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_t1 = rnncc_sigmoid(g_o);
@@ -277,14 +276,14 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         nd[0][q] = 0.0f;
         nd[1][q] = v_t6 * v_t2;
         const float d_i = v_t6 * v_t4 * (1.0f - v_t3) * v_t3;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_i);
-        dgs[0 * kD + d][b] = d_i;
+        dWx[0] = rnncc::from_float<T>(d_i);
+        dgs[d][b] = d_i;
         static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_i);
         gbacc[0][q] += d_i;
         const float d_f = v_t6 * s_c * (1.0f - v_t2) * v_t2;
-        dWx[1 * NHD] = rnncc::from_float<T>(d_f);
-        dgs[1 * kD + d][b] = d_f;
-        static_cast<T*>(a.dGr)[grow * kRows + 1 * kD + d] = rnncc::from_float<T>(d_f);
+        dWx[NHD] = rnncc::from_float<T>(d_f);
+        dgs[kD + d][b] = d_f;
+        static_cast<T*>(a.dGr)[grow * kRows + kD + d] = rnncc::from_float<T>(d_f);
         gbacc[1][q] += d_f;
         const float d_z = v_t6 * v_t3 * (1.0f - v_t4 * v_t4);
         dWx[2 * NHD] = rnncc::from_float<T>(d_z);

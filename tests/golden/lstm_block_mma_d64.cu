@@ -405,21 +405,20 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         }
         // leaves
         const float s_c = st[1][q];
-        const float g_i = bits_float<T>(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-        const float g_f = bits_float<T>(wxv[1][q]) + acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
-        const float g_z = bits_float<T>(wxv[2][q]) + acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
-        const float g_o = bits_float<T>(wxv[3][q]) + acc[3 / 2][3 % 2 * 2 + q] + bv[3][q];
+        const float g_i = bits_float<T>(wxv[0][q]) + acc[0][q] + bv[0][q];
+        const float g_f = bits_float<T>(wxv[1][q]) + acc[0][2 + q] + bv[1][q];
+        const float g_z = bits_float<T>(wxv[2][q]) + acc[1][q] + bv[2][q];
+        const float g_o = bits_float<T>(wxv[3][q]) + acc[1][2 + q] + bv[3][q];
         // the cell
-        const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
+        const float new_c = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
         // new states
-        const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);
-        const float new_c = v_t0;
+        const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(new_c);
         // stores
         st[0][q] = new_h;
         st[1][q] = new_c;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_h;
-        if (a.hist) hp[q][1 * NBD] = new_c;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_h;
+        if (a.hist) hp[q][NBD] = new_c;
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }

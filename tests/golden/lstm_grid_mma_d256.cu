@@ -480,15 +480,14 @@ __global__ void __launch_bounds__(kGridFwThreads[grid_kernel_index(NT, UW)], 1)
           if (unit && gb < a.B) {
             // leaves
             const float s_c = st[1][q];
-            const float g_i = bits_float<T>(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-            const float g_f = bits_float<T>(wxv[1][q]) + acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
-            const float g_z = bits_float<T>(wxv[2][q]) + acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
-            const float g_o = bits_float<T>(wxv[3][q]) + acc[3 / 2][3 % 2 * 2 + q] + bv[3][q];
+            const float g_i = bits_float<T>(wxv[0][q]) + acc[0][q] + bv[0][q];
+            const float g_f = bits_float<T>(wxv[1][q]) + acc[0][2 + q] + bv[1][q];
+            const float g_z = bits_float<T>(wxv[2][q]) + acc[1][q] + bv[2][q];
+            const float g_o = bits_float<T>(wxv[3][q]) + acc[1][2 + q] + bv[3][q];
             // the cell
-            const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
+            const float new_c = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
             // new states
-            const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);
-            const float new_c = v_t0;
+            const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(new_c);
             // the new states into registers, h published
             st[0][q] = new_h;
             st[1][q] = new_c;
@@ -508,9 +507,9 @@ __global__ void __launch_bounds__(kGridFwThreads[grid_kernel_index(NT, UW)], 1)
 #pragma unroll
               for (int k = 0; k < kGr; ++k) a.rh[(((long long)t * a.NH + n) * a.B + gb) * kRows + k * kD + d] = acc[k / 2][k % 2 * 2 + q];
             }
-            yp[q][0 * yO] = rnncc::from_float<T>(st[0][q]);
-            if (a.hist) hp[q][0 * NBD] = st[0][q];
-            if (a.hist) hp[q][1 * NBD] = st[1][q];
+            yp[q][0] = rnncc::from_float<T>(st[0][q]);
+            if (a.hist) hp[q][0] = st[0][q];
+            if (a.hist) hp[q][NBD] = st[1][q];
           }
         }
       }

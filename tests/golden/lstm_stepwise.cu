@@ -63,20 +63,19 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_c = a.s_old[1 * NBD + i];
-  const float g_i = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_f = rnncc::to_float(Wx[1 * NHD]) + Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
+  const float s_c = a.s_old[NBD + i];
+  const float g_i = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
+  const float g_f = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
   const float g_z = rnncc::to_float(Wx[2 * NHD]) + Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
   const float g_o = rnncc::to_float(Wx[3 * NHD]) + Rh[3 * a.D] + rnncc::to_float(bias[3 * NHD]);
   // the cell
-  const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
+  const float new_c = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
   // new states
-  const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);
-  const float new_c = v_t0;
+  const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(new_c);
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  a.s_new[1 * NBD + i] = new_c;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  a.s_new[NBD + i] = new_c;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -104,14 +103,14 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_c = a.s_old[1 * NBD + i];
-  const float g_i = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_f = rnncc::to_float(Wx[1 * NHD]) + Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
+  const float s_c = a.s_old[NBD + i];
+  const float g_i = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
+  const float g_f = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
   const float g_z = rnncc::to_float(Wx[2 * NHD]) + Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
   const float g_o = rnncc::to_float(Wx[3 * NHD]) + Rh[3 * a.D] + rnncc::to_float(bias[3 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float dn_c = a.ds_new[1 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float dn_h = a.ds_new[i];
+  const float dn_c = a.ds_new[NBD + i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_t1 = rnncc_sigmoid(g_o);
@@ -121,16 +120,16 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const float v_t5 = rnncc_tanh(v_t2 * s_c + v_t3 * v_t4);
   const float v_t6 = dn_c + v_t0 * v_t1 * (1.0f - v_t5 * v_t5);
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = 0.0f;
-  a.ds_old[1 * NBD + i] = v_t6 * v_t2;
+  a.ds_old[i] = 0.0f;
+  a.ds_old[NBD + i] = v_t6 * v_t2;
   const float d_i = v_t6 * v_t4 * (1.0f - v_t3) * v_t3;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_i);
-  dGr[0 * a.D] = d_i;
-  dGb[0 * a.D] = d_i;
+  dWx[0] = rnncc::from_float<T>(d_i);
+  dGr[0] = d_i;
+  dGb[0] = d_i;
   const float d_f = v_t6 * s_c * (1.0f - v_t2) * v_t2;
-  dWx[1 * NHD] = rnncc::from_float<T>(d_f);
-  dGr[1 * a.D] = d_f;
-  dGb[1 * a.D] = d_f;
+  dWx[NHD] = rnncc::from_float<T>(d_f);
+  dGr[a.D] = d_f;
+  dGb[a.D] = d_f;
   const float d_z = v_t6 * v_t3 * (1.0f - v_t4 * v_t4);
   dWx[2 * NHD] = rnncc::from_float<T>(d_z);
   dGr[2 * a.D] = d_z;

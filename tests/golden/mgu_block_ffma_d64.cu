@@ -152,8 +152,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
         const float s_h = st[0][q];
         const float g_xf = wxv[0][q] + bv[0][q];
         const float g_xn = wxv[1][q] + bv[1][q];
-        const float g_hf = rhs[b][0 * kD + d];
-        const float g_hn = rhs[b][1 * kD + d];
+        const float g_hf = rhs[b][d];
+        const float g_hn = rhs[b][kD + d];
         // the cell
         const float v_f = rnncc_sigmoid(g_xf + g_hf);
         const float v_n = rnncc_tanh(g_xn + v_f * g_hn);
@@ -256,33 +256,31 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_xf = rnncc::to_float(Wx[0 * NHD]) + bv[0][q];
-        const float g_xn = rnncc::to_float(Wx[1 * NHD]) + bv[1][q];
+        const float g_xf = rnncc::to_float(Wx[0]) + bv[0][q];
+        const float g_xn = rnncc::to_float(Wx[NHD]) + bv[1][q];
         const float g_hf = a.rh[row * kRows + 0 * kD + d];
-        const float g_hn = a.rh[row * kRows + 1 * kD + d];
+        const float g_hn = a.rh[row * kRows + kD + d];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_f = rnncc_sigmoid(g_xf + g_hf);
         const float v_t1 = 1.0f - v_f;
         const float v_n = rnncc_tanh(g_xn + v_f * g_hn);
-        const float v_t2 = v_t0 * v_f * (1.0f - v_n * v_n);
-        const float v_t3 = (v_t0 * v_n + v_t2 * g_hn + -(v_t0 * s_h)) * v_t1 * v_f;
+        const float d_xn = v_t0 * v_f * (1.0f - v_n * v_n);
+        const float d_xf = (v_t0 * v_n + d_xn * g_hn + -(v_t0 * s_h)) * v_t1 * v_f;
         // cotangents of the old states, the gates and the params
         nd[0][q] = v_t0 * v_t1;
-        const float d_xf = v_t3;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_xf);
+        dWx[0] = rnncc::from_float<T>(d_xf);
         gbacc[0][q] += d_xf;
-        const float d_xn = v_t2;
-        dWx[1 * NHD] = rnncc::from_float<T>(d_xn);
+        dWx[NHD] = rnncc::from_float<T>(d_xn);
         gbacc[1][q] += d_xn;
-        const float d_hf = v_t3;
-        dgs[0 * kD + d][b] = d_hf;
+        const float d_hf = d_xf;
+        dgs[d][b] = d_hf;
         static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_hf);
-        const float d_hn = v_t2 * v_f;
-        dgs[1 * kD + d][b] = d_hn;
-        static_cast<T*>(a.dGr)[grow * kRows + 1 * kD + d] = rnncc::from_float<T>(d_hn);
+        const float d_hn = d_xn * v_f;
+        dgs[kD + d][b] = d_hn;
+        static_cast<T*>(a.dGr)[grow * kRows + kD + d] = rnncc::from_float<T>(d_hn);
       } else if (j < kElems) {
 #pragma unroll
         for (int r = 0; r < kGr; ++r) dgs[r * kD + d][b] = 0.0f;

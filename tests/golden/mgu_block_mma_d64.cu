@@ -407,8 +407,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float s_h = st[0][q];
         const float g_xf = bits_float<T>(wxv[0][q]) + bv[0][q];
         const float g_xn = bits_float<T>(wxv[1][q]) + bv[1][q];
-        const float g_hf = acc[0 / 2][0 % 2 * 2 + q];
-        const float g_hn = acc[1 / 2][1 % 2 * 2 + q];
+        const float g_hf = acc[0][q];
+        const float g_hn = acc[0][2 + q];
         // the cell
         const float v_f = rnncc_sigmoid(g_xf + g_hf);
         const float v_n = rnncc_tanh(g_xn + v_f * g_hn);
@@ -416,8 +416,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float new_h = (1.0f - v_f) * s_h + v_f * v_n;
         // stores
         st[0][q] = new_h;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_h;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_h;
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }
@@ -683,19 +683,17 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       const float v_f = rnncc_sigmoid(g_xf + g_hf);
       const float v_t1 = 1.0f - v_f;
       const float v_n = rnncc_tanh(g_xn + v_f * g_hn);
-      const float v_t2 = v_t0 * v_f * (1.0f - v_n * v_n);
-      const float v_t3 = (v_t0 * v_n + v_t2 * g_hn + -(v_t0 * s_h)) * v_t1 * v_f;
+      const float d_xn = v_t0 * v_f * (1.0f - v_n * v_n);
+      const float d_xf = (v_t0 * v_n + d_xn * g_hn + -(v_t0 * s_h)) * v_t1 * v_f;
       // cotangents of the old states, the gates and the params
       nd[0][q] = v_t0 * v_t1;
-      const float d_xf = v_t3;
       o.wx[0][q] = d_xf;
       o.gb[0][q] = d_xf;
-      const float d_xn = v_t2;
       o.wx[1][q] = d_xn;
       o.gb[1][q] = d_xn;
-      const float d_hf = v_t3;
+      const float d_hf = d_xf;
       o.gr[0][q] = d_hf;
-      const float d_hn = v_t2 * v_f;
+      const float d_hn = d_xn * v_f;
       o.gr[1][q] = d_hn;
     }
     // Stores, in the storage type, into shared memory: dWx, and the gate cotangents (the next

@@ -63,19 +63,19 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_xf = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_xn = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[1 * NHD]);
-  const float g_hf = Rh[0 * a.D];
-  const float g_hn = Rh[1 * a.D];
+  const float s_h = a.s_old[i];
+  const float g_xf = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float g_xn = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
+  const float g_hf = Rh[0];
+  const float g_hn = Rh[a.D];
   // the cell
   const float v_f = rnncc_sigmoid(g_xf + g_hf);
   const float v_n = rnncc_tanh(g_xn + v_f * g_hn);
   // new states
   const float new_h = (1.0f - v_f) * s_h + v_f * v_n;
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -103,32 +103,30 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_xf = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_xn = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[1 * NHD]);
-  const float g_hf = Rh[0 * a.D];
-  const float g_hn = Rh[1 * a.D];
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float s_h = a.s_old[i];
+  const float g_xf = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float g_xn = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
+  const float g_hf = Rh[0];
+  const float g_hn = Rh[a.D];
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_f = rnncc_sigmoid(g_xf + g_hf);
   const float v_t1 = 1.0f - v_f;
   const float v_n = rnncc_tanh(g_xn + v_f * g_hn);
-  const float v_t2 = v_t0 * v_f * (1.0f - v_n * v_n);
-  const float v_t3 = (v_t0 * v_n + v_t2 * g_hn + -(v_t0 * s_h)) * v_t1 * v_f;
+  const float d_xn = v_t0 * v_f * (1.0f - v_n * v_n);
+  const float d_xf = (v_t0 * v_n + d_xn * g_hn + -(v_t0 * s_h)) * v_t1 * v_f;
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t0 * v_t1;
-  const float d_xf = v_t3;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_xf);
-  dGb[0 * a.D] = d_xf;
-  const float d_xn = v_t2;
-  dWx[1 * NHD] = rnncc::from_float<T>(d_xn);
-  dGb[1 * a.D] = d_xn;
-  const float d_hf = v_t3;
-  dGr[0 * a.D] = d_hf;
-  const float d_hn = v_t2 * v_f;
-  dGr[1 * a.D] = d_hn;
+  a.ds_old[i] = v_t0 * v_t1;
+  dWx[0] = rnncc::from_float<T>(d_xf);
+  dGb[0] = d_xf;
+  dWx[NHD] = rnncc::from_float<T>(d_xn);
+  dGb[a.D] = d_xn;
+  const float d_hf = d_xf;
+  dGr[0] = d_hf;
+  const float d_hn = d_xn * v_f;
+  dGr[a.D] = d_hn;
   (void)yO;
 }
 

@@ -251,10 +251,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_kz = rnncc::to_float(Wx[0 * NHD]) + bv[0][q];
-        const float g_kh = rnncc::to_float(Wx[1 * NHD]) + bv[1][q];
+        const float g_kz = rnncc::to_float(Wx[0]) + bv[0][q];
+        const float g_kh = rnncc::to_float(Wx[NHD]) + bv[1][q];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_z = rnncc_sigmoid(g_kz);
@@ -265,10 +265,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         // cotangents of the old states, the gates and the params
         nd[0][q] = v_t0 * v_t1;
         const float d_kz = (v_t0 * v_candidate + -(v_t0 * s_h)) * v_t1 * v_z;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_kz);
+        dWx[0] = rnncc::from_float<T>(d_kz);
         gbacc[0][q] += d_kz;
         const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t3) * (1.0f - v_t2) * v_t2 + (g_kh >= 0.0f ? v_t3 : 0.0f);
-        dWx[1 * NHD] = rnncc::from_float<T>(d_kh);
+        dWx[NHD] = rnncc::from_float<T>(d_kh);
         gbacc[1][q] += d_kh;
       } else if (j < kElems) {
 #pragma unroll

@@ -61,17 +61,17 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_kz = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_kh = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[1 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_kz = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float g_kh = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
   // the cell
   const float v_z = rnncc_sigmoid(g_kz);
   const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : rnncc_sigmoid(g_kh));
   // new states
   const float new_h = (1.0f - v_z) * s_h + v_z * v_candidate;
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -99,11 +99,11 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_kz = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_kh = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[1 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float s_h = a.s_old[i];
+  const float g_kz = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float g_kh = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_z = rnncc_sigmoid(g_kz);
@@ -112,13 +112,13 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : v_t2);
   const float v_t3 = v_t0 * v_z;
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t0 * v_t1;
+  a.ds_old[i] = v_t0 * v_t1;
   const float d_kz = (v_t0 * v_candidate + -(v_t0 * s_h)) * v_t1 * v_z;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_kz);
-  dGb[0 * a.D] = d_kz;
+  dWx[0] = rnncc::from_float<T>(d_kz);
+  dGb[0] = d_kz;
   const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t3) * (1.0f - v_t2) * v_t2 + (g_kh >= 0.0f ? v_t3 : 0.0f);
-  dWx[1 * NHD] = rnncc::from_float<T>(d_kh);
-  dGb[1 * a.D] = d_kh;
+  dWx[NHD] = rnncc::from_float<T>(d_kh);
+  dGb[a.D] = d_kh;
   (void)yO;
 }
 

@@ -253,11 +253,11 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_kf = rnncc::to_float(Wx[0 * NHD]) + bv[0][q];
-        const float g_ki = rnncc::to_float(Wx[1 * NHD]) + bv[1][q];
+        const float g_kf = rnncc::to_float(Wx[0]) + bv[0][q];
+        const float g_ki = rnncc::to_float(Wx[NHD]) + bv[1][q];
         const float g_kh = rnncc::to_float(Wx[2 * NHD]) + bv[2][q];
         const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_t1 = -g_kf;
@@ -276,10 +276,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         // cotangents of the old states, the gates and the params
         nd[0][q] = v_t0 * v_t3;
         const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
-        dWx[0 * NHD] = rnncc::from_float<T>(d_kf);
+        dWx[0] = rnncc::from_float<T>(d_kf);
         gbacc[0][q] += d_kf;
         const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
-        dWx[1 * NHD] = rnncc::from_float<T>(d_ki);
+        dWx[NHD] = rnncc::from_float<T>(d_ki);
         gbacc[1][q] += d_ki;
         const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
         dWx[2 * NHD] = rnncc::from_float<T>(d_kh);

@@ -62,9 +62,9 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_kf = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_ki = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[1 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_kf = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float g_ki = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
   const float g_kh = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[2 * NHD]);
   // the cell
   const float v_d = rnncc_softplus(-g_kf) - rnncc_softplus(-g_ki);
@@ -72,8 +72,8 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   // new states
   const float new_h = rnncc_exp(-rnncc_softplus(v_d)) * s_h + rnncc_exp(-rnncc_softplus(-v_d)) * v_candidate;
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -101,12 +101,12 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_h = a.s_old[0 * NBD + i];
-  const float g_kf = rnncc::to_float(Wx[0 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_ki = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[1 * NHD]);
+  const float s_h = a.s_old[i];
+  const float g_kf = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
+  const float g_ki = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
   const float g_kh = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[2 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float dn_h = a.ds_new[i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_t1 = -g_kf;
@@ -123,13 +123,13 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const float v_t10 = -v_t9;
   const float v_t11 = v_t0 * v_t6;
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t0 * v_t3;
+  a.ds_old[i] = v_t0 * v_t3;
   const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
-  dWx[0 * NHD] = rnncc::from_float<T>(d_kf);
-  dGb[0 * a.D] = d_kf;
+  dWx[0] = rnncc::from_float<T>(d_kf);
+  dGb[0] = d_kf;
   const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
-  dWx[1 * NHD] = rnncc::from_float<T>(d_ki);
-  dGb[1 * a.D] = d_ki;
+  dWx[NHD] = rnncc::from_float<T>(d_ki);
+  dGb[a.D] = d_ki;
   const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
   dWx[2 * NHD] = rnncc::from_float<T>(d_kh);
   dGb[2 * a.D] = d_kh;

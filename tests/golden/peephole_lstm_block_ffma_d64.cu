@@ -157,8 +157,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
       if (j < kElems && gb < a.B) {
         // leaves
         const float s_c = st[1][q];
-        const float g_i = wxv[0][q] + rhs[b][0 * kD + d] + bv[0][q];
-        const float g_f = wxv[1][q] + rhs[b][1 * kD + d] + bv[1][q];
+        const float g_i = wxv[0][q] + rhs[b][d] + bv[0][q];
+        const float g_f = wxv[1][q] + rhs[b][kD + d] + bv[1][q];
         const float g_z = wxv[2][q] + rhs[b][2 * kD + d] + bv[2][q];
         const float g_o = wxv[3][q] + rhs[b][3 * kD + d] + bv[3][q];
         const float p_p_i = pv[0][q];
@@ -167,15 +167,14 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
         // the cell
         const float v_fg = rnncc_sigmoid(g_f + p_p_f * s_c);
         const float v_ig = rnncc_sigmoid(g_i + p_p_i * s_c);
-        const float v_t0 = v_fg * s_c + v_ig * rnncc_tanh(g_z);
+        const float new_c = v_fg * s_c + v_ig * rnncc_tanh(g_z);
         // new states
-        const float new_h = rnncc_sigmoid(g_o + p_p_o * v_t0) * rnncc_tanh(v_t0);
-        const float new_c = v_t0;
+        const float new_h = rnncc_sigmoid(g_o + p_p_o * new_c) * rnncc_tanh(new_c);
         // stores
         st[0][q] = new_h;
         st[1][q] = new_c;
         static_cast<T*>(a.y)[(((long long)0 * a.B + gb) * a.T + t) * NHD + (long long)n * kD + d] = rnncc::from_float<T>(new_h);
-        static_cast<T*>(a.y)[(((long long)1 * a.B + gb) * a.T + t) * NHD + (long long)n * kD + d] = rnncc::from_float<T>(new_c);
+        static_cast<T*>(a.y)[(((long long)a.B + gb) * a.T + t) * NHD + (long long)n * kD + d] = rnncc::from_float<T>(new_c);
         if (a.hist) a.hist[((((long long)(t + 1) * kS + 0) * a.NH + n) * a.B + gb) * kD + d] = new_h;
         if (a.hist) a.hist[((((long long)(t + 1) * kS + 1) * a.NH + n) * a.B + gb) * kD + d] = new_c;
         hs[d][b] = rnncc::from_float<float>(new_h);
@@ -271,8 +270,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_c = a.hist[((((long long)t * kS + 1) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_i = rnncc::to_float(Wx[0 * NHD]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
-        const float g_f = rnncc::to_float(Wx[1 * NHD]) + a.rh[row * kRows + 1 * kD + d] + bv[1][q];
+        const float g_i = rnncc::to_float(Wx[0]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
+        const float g_f = rnncc::to_float(Wx[NHD]) + a.rh[row * kRows + kD + d] + bv[1][q];
         const float g_z = rnncc::to_float(Wx[2 * NHD]) + a.rh[row * kRows + 2 * kD + d] + bv[2][q];
         const float g_o = rnncc::to_float(Wx[3 * NHD]) + a.rh[row * kRows + 3 * kD + d] + bv[3][q];
         const float p_p_i = pv[0][q];
@@ -280,8 +279,8 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         const float p_p_o = pv[2][q];
         const float dn_h = ds[0][q];
         const float dn_c = ds[1][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
-        const float do_c = rnncc::to_float(dy[1 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
+        const float do_c = rnncc::to_float(dy[yO]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_fg = rnncc_sigmoid(g_f + p_p_f * s_c);
@@ -290,36 +289,33 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         const float v_t2 = v_fg * s_c + v_ig * v_t1;
         const float v_t3 = rnncc_sigmoid(g_o + p_p_o * v_t2);
         const float v_t4 = rnncc_tanh(v_t2);
-        const float v_t5 = v_t0 * v_t4 * (1.0f - v_t3) * v_t3;
-        const float v_t6 = dn_c + do_c + v_t0 * v_t3 * (1.0f - v_t4 * v_t4) + v_t5 * p_p_o;
-        const float v_t7 = v_t6 * v_t1 * (1.0f - v_ig) * v_ig;
-        const float v_t8 = v_t6 * s_c * (1.0f - v_fg) * v_fg;
+        const float d_o = v_t0 * v_t4 * (1.0f - v_t3) * v_t3;
+        const float v_t5 = dn_c + do_c + v_t0 * v_t3 * (1.0f - v_t4 * v_t4) + d_o * p_p_o;
+        const float d_i = v_t5 * v_t1 * (1.0f - v_ig) * v_ig;
+        const float d_f = v_t5 * s_c * (1.0f - v_fg) * v_fg;
         // cotangents of the old states, the gates and the params
         nd[0][q] = 0.0f;
-        nd[1][q] = v_t7 * p_p_i + v_t6 * v_fg + v_t8 * p_p_f;
-        const float d_i = v_t7;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_i);
-        dgs[0 * kD + d][b] = d_i;
+        nd[1][q] = d_i * p_p_i + v_t5 * v_fg + d_f * p_p_f;
+        dWx[0] = rnncc::from_float<T>(d_i);
+        dgs[d][b] = d_i;
         static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_i);
         gbacc[0][q] += d_i;
-        const float d_f = v_t8;
-        dWx[1 * NHD] = rnncc::from_float<T>(d_f);
-        dgs[1 * kD + d][b] = d_f;
-        static_cast<T*>(a.dGr)[grow * kRows + 1 * kD + d] = rnncc::from_float<T>(d_f);
+        dWx[NHD] = rnncc::from_float<T>(d_f);
+        dgs[kD + d][b] = d_f;
+        static_cast<T*>(a.dGr)[grow * kRows + kD + d] = rnncc::from_float<T>(d_f);
         gbacc[1][q] += d_f;
-        const float d_z = v_t6 * v_ig * (1.0f - v_t1 * v_t1);
+        const float d_z = v_t5 * v_ig * (1.0f - v_t1 * v_t1);
         dWx[2 * NHD] = rnncc::from_float<T>(d_z);
         dgs[2 * kD + d][b] = d_z;
         static_cast<T*>(a.dGr)[grow * kRows + 2 * kD + d] = rnncc::from_float<T>(d_z);
         gbacc[2][q] += d_z;
-        const float d_o = v_t5;
         dWx[3 * NHD] = rnncc::from_float<T>(d_o);
         dgs[3 * kD + d][b] = d_o;
         static_cast<T*>(a.dGr)[grow * kRows + 3 * kD + d] = rnncc::from_float<T>(d_o);
         gbacc[3][q] += d_o;
-        pacc[0][q] += v_t7 * s_c;
-        pacc[1][q] += v_t8 * s_c;
-        pacc[2][q] += v_t5 * v_t2;
+        pacc[0][q] += d_i * s_c;
+        pacc[1][q] += d_f * s_c;
+        pacc[2][q] += d_o * v_t2;
       } else if (j < kElems) {
 #pragma unroll
         for (int r = 0; r < kGr; ++r) dgs[r * kD + d][b] = 0.0f;

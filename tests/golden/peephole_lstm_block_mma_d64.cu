@@ -412,27 +412,26 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         }
         // leaves
         const float s_c = st[1][q];
-        const float g_i = bits_float<T>(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-        const float g_f = bits_float<T>(wxv[1][q]) + acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
-        const float g_z = bits_float<T>(wxv[2][q]) + acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
-        const float g_o = bits_float<T>(wxv[3][q]) + acc[3 / 2][3 % 2 * 2 + q] + bv[3][q];
+        const float g_i = bits_float<T>(wxv[0][q]) + acc[0][q] + bv[0][q];
+        const float g_f = bits_float<T>(wxv[1][q]) + acc[0][2 + q] + bv[1][q];
+        const float g_z = bits_float<T>(wxv[2][q]) + acc[1][q] + bv[2][q];
+        const float g_o = bits_float<T>(wxv[3][q]) + acc[1][2 + q] + bv[3][q];
         const float p_p_i = pv[0][q];
         const float p_p_f = pv[1][q];
         const float p_p_o = pv[2][q];
         // the cell
         const float v_fg = rnncc_sigmoid(g_f + p_p_f * s_c);
         const float v_ig = rnncc_sigmoid(g_i + p_p_i * s_c);
-        const float v_t0 = v_fg * s_c + v_ig * rnncc_tanh(g_z);
+        const float new_c = v_fg * s_c + v_ig * rnncc_tanh(g_z);
         // new states
-        const float new_h = rnncc_sigmoid(g_o + p_p_o * v_t0) * rnncc_tanh(v_t0);
-        const float new_c = v_t0;
+        const float new_h = rnncc_sigmoid(g_o + p_p_o * new_c) * rnncc_tanh(new_c);
         // stores
         st[0][q] = new_h;
         st[1][q] = new_c;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        yp[q][1 * yO] = rnncc::from_float<T>(new_c);
-        if (a.hist) hp[q][0 * NBD] = new_h;
-        if (a.hist) hp[q][1 * NBD] = new_c;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        yp[q][yO] = rnncc::from_float<T>(new_c);
+        if (a.hist) hp[q][0] = new_h;
+        if (a.hist) hp[q][NBD] = new_c;
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);
       }
     }
@@ -706,32 +705,29 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       const float v_t2 = v_fg * s_c + v_ig * v_t1;
       const float v_t3 = rnncc_sigmoid(g_o + p_p_o * v_t2);
       const float v_t4 = rnncc_tanh(v_t2);
-      const float v_t5 = v_t0 * v_t4 * (1.0f - v_t3) * v_t3;
-      const float v_t6 = dn_c + do_c + v_t0 * v_t3 * (1.0f - v_t4 * v_t4) + v_t5 * p_p_o;
-      const float v_t7 = v_t6 * v_t1 * (1.0f - v_ig) * v_ig;
-      const float v_t8 = v_t6 * s_c * (1.0f - v_fg) * v_fg;
+      const float d_o = v_t0 * v_t4 * (1.0f - v_t3) * v_t3;
+      const float v_t5 = dn_c + do_c + v_t0 * v_t3 * (1.0f - v_t4 * v_t4) + d_o * p_p_o;
+      const float d_i = v_t5 * v_t1 * (1.0f - v_ig) * v_ig;
+      const float d_f = v_t5 * s_c * (1.0f - v_fg) * v_fg;
       // cotangents of the old states, the gates and the params
       nd[0][q] = 0.0f;
-      nd[1][q] = v_t7 * p_p_i + v_t6 * v_fg + v_t8 * p_p_f;
-      const float d_i = v_t7;
+      nd[1][q] = d_i * p_p_i + v_t5 * v_fg + d_f * p_p_f;
       o.wx[0][q] = d_i;
       o.gr[0][q] = d_i;
       o.gb[0][q] = d_i;
-      const float d_f = v_t8;
       o.wx[1][q] = d_f;
       o.gr[1][q] = d_f;
       o.gb[1][q] = d_f;
-      const float d_z = v_t6 * v_ig * (1.0f - v_t1 * v_t1);
+      const float d_z = v_t5 * v_ig * (1.0f - v_t1 * v_t1);
       o.wx[2][q] = d_z;
       o.gr[2][q] = d_z;
       o.gb[2][q] = d_z;
-      const float d_o = v_t5;
       o.wx[3][q] = d_o;
       o.gr[3][q] = d_o;
       o.gb[3][q] = d_o;
-      o.p[0][q] = v_t7 * s_c;
-      o.p[1][q] = v_t8 * s_c;
-      o.p[2][q] = v_t5 * v_t2;
+      o.p[0][q] = d_i * s_c;
+      o.p[1][q] = d_f * s_c;
+      o.p[2][q] = d_o * v_t2;
     }
     // Stores, in the storage type, into shared memory: dWx, and the gate cotangents (the next
     // product's operand, and what the host's dR GEMM reads); bias and param cotangents summed.

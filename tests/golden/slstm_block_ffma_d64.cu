@@ -160,23 +160,20 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
         const float s_c = st[1][q];
         const float s_n = st[2][q];
         const float s_m = st[3][q];
-        const float g_i = wxv[0][q] + rhs[b][0 * kD + d] + bv[0][q];
-        const float g_f = wxv[1][q] + rhs[b][1 * kD + d] + bv[1][q];
+        const float g_i = wxv[0][q] + rhs[b][d] + bv[0][q];
+        const float g_f = wxv[1][q] + rhs[b][kD + d] + bv[1][q];
         const float g_z = wxv[2][q] + rhs[b][2 * kD + d] + bv[2][q];
         const float g_o = wxv[3][q] + rhs[b][3 * kD + d] + bv[3][q];
         // the cell
         const float v_logf = rnncc_logsigmoid(g_f);
         const float v_t0 = v_logf + s_m;
-        const float v_m_new = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
-        const float v_fg = rnncc_exp(v_t0 - v_m_new);
-        const float v_ig = rnncc_exp(g_i - v_m_new);
-        const float v_t1 = v_fg * s_c + v_ig * rnncc_tanh(g_z);
-        const float v_t2 = v_fg * s_n + v_ig;
+        const float new_m = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
+        const float v_fg = rnncc_exp(v_t0 - new_m);
+        const float v_ig = rnncc_exp(g_i - new_m);
+        const float new_c = v_fg * s_c + v_ig * rnncc_tanh(g_z);
+        const float new_n = v_fg * s_n + v_ig;
         // new states
-        const float new_h = rnncc_sigmoid(g_o) * v_t1 / v_t2;
-        const float new_c = v_t1;
-        const float new_n = v_t2;
-        const float new_m = v_m_new;
+        const float new_h = rnncc_sigmoid(g_o) * new_c / new_n;
         // stores
         st[0][q] = new_h;
         st[1][q] = new_c;
@@ -282,15 +279,15 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         const float s_c = a.hist[((((long long)t * kS + 1) * a.NH + n) * a.B + gb) * kD + d];
         const float s_n = a.hist[((((long long)t * kS + 2) * a.NH + n) * a.B + gb) * kD + d];
         const float s_m = a.hist[((((long long)t * kS + 3) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_i = rnncc::to_float(Wx[0 * NHD]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
-        const float g_f = rnncc::to_float(Wx[1 * NHD]) + a.rh[row * kRows + 1 * kD + d] + bv[1][q];
+        const float g_i = rnncc::to_float(Wx[0]) + a.rh[row * kRows + 0 * kD + d] + bv[0][q];
+        const float g_f = rnncc::to_float(Wx[NHD]) + a.rh[row * kRows + kD + d] + bv[1][q];
         const float g_z = rnncc::to_float(Wx[2 * NHD]) + a.rh[row * kRows + 2 * kD + d] + bv[2][q];
         const float g_o = rnncc::to_float(Wx[3 * NHD]) + a.rh[row * kRows + 3 * kD + d] + bv[3][q];
         const float dn_h = ds[0][q];
         const float dn_c = ds[1][q];
         const float dn_n = ds[2][q];
         const float dn_m = ds[3][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_logf = rnncc_logsigmoid(g_f);
@@ -317,14 +314,14 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         nd[2][q] = v_t8 * v_fg;
         nd[3][q] = v_t14;
         const float d_i = v_t10 + (s_n == 0.0f ? v_t11 : 0.0f) + (g_i > v_t1 ? v_t12 : v_t13);
-        dWx[0 * NHD] = rnncc::from_float<T>(d_i);
-        dgs[0 * kD + d][b] = d_i;
+        dWx[0] = rnncc::from_float<T>(d_i);
+        dgs[d][b] = d_i;
         static_cast<T*>(a.dGr)[grow * kRows + 0 * kD + d] = rnncc::from_float<T>(d_i);
         gbacc[0][q] += d_i;
         const float d_f = v_t14 * rnncc_sigmoid(-g_f);
-        dWx[1 * NHD] = rnncc::from_float<T>(d_f);
-        dgs[1 * kD + d][b] = d_f;
-        static_cast<T*>(a.dGr)[grow * kRows + 1 * kD + d] = rnncc::from_float<T>(d_f);
+        dWx[NHD] = rnncc::from_float<T>(d_f);
+        dgs[kD + d][b] = d_f;
+        static_cast<T*>(a.dGr)[grow * kRows + kD + d] = rnncc::from_float<T>(d_f);
         gbacc[1][q] += d_f;
         const float d_z = v_t5 * v_ig * (1.0f - v_t6 * v_t6);
         dWx[2 * NHD] = rnncc::from_float<T>(d_z);

@@ -415,31 +415,28 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float s_c = st[1][q];
         const float s_n = st[2][q];
         const float s_m = st[3][q];
-        const float g_i = bits_float<T>(wxv[0][q]) + acc[0 / 2][0 % 2 * 2 + q] + bv[0][q];
-        const float g_f = bits_float<T>(wxv[1][q]) + acc[1 / 2][1 % 2 * 2 + q] + bv[1][q];
-        const float g_z = bits_float<T>(wxv[2][q]) + acc[2 / 2][2 % 2 * 2 + q] + bv[2][q];
-        const float g_o = bits_float<T>(wxv[3][q]) + acc[3 / 2][3 % 2 * 2 + q] + bv[3][q];
+        const float g_i = bits_float<T>(wxv[0][q]) + acc[0][q] + bv[0][q];
+        const float g_f = bits_float<T>(wxv[1][q]) + acc[0][2 + q] + bv[1][q];
+        const float g_z = bits_float<T>(wxv[2][q]) + acc[1][q] + bv[2][q];
+        const float g_o = bits_float<T>(wxv[3][q]) + acc[1][2 + q] + bv[3][q];
         // the cell
         const float v_logf = rnncc_logsigmoid(g_f);
         const float v_t0 = v_logf + s_m;
-        const float v_m_new = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
-        const float v_fg = rnncc_exp(v_t0 - v_m_new);
-        const float v_ig = rnncc_exp(g_i - v_m_new);
-        const float v_t1 = v_fg * s_c + v_ig * rnncc_tanh(g_z);
-        const float v_t2 = v_fg * s_n + v_ig;
+        const float new_m = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
+        const float v_fg = rnncc_exp(v_t0 - new_m);
+        const float v_ig = rnncc_exp(g_i - new_m);
+        const float new_c = v_fg * s_c + v_ig * rnncc_tanh(g_z);
+        const float new_n = v_fg * s_n + v_ig;
         // new states
-        const float new_h = rnncc_sigmoid(g_o) * v_t1 / v_t2;
-        const float new_c = v_t1;
-        const float new_n = v_t2;
-        const float new_m = v_m_new;
+        const float new_h = rnncc_sigmoid(g_o) * new_c / new_n;
         // stores
         st[0][q] = new_h;
         st[1][q] = new_c;
         st[2][q] = new_n;
         st[3][q] = new_m;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_h;
-        if (a.hist) hp[q][1 * NBD] = new_c;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_h;
+        if (a.hist) hp[q][NBD] = new_c;
         if (a.hist) hp[q][2 * NBD] = new_n;
         if (a.hist) hp[q][3 * NBD] = new_m;
         hsm[(t + 1) & 1][b][d] = rnncc::from_float<T>(new_h);

@@ -71,32 +71,29 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_c = a.s_old[1 * NBD + i];
+  const float s_c = a.s_old[NBD + i];
   const float s_n = a.s_old[2 * NBD + i];
   const float s_m = a.s_old[3 * NBD + i];
-  const float g_i = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_f = rnncc::to_float(Wx[1 * NHD]) + Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
+  const float g_i = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
+  const float g_f = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
   const float g_z = rnncc::to_float(Wx[2 * NHD]) + Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
   const float g_o = rnncc::to_float(Wx[3 * NHD]) + Rh[3 * a.D] + rnncc::to_float(bias[3 * NHD]);
   // the cell
   const float v_logf = rnncc_logsigmoid(g_f);
   const float v_t0 = v_logf + s_m;
-  const float v_m_new = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
-  const float v_fg = rnncc_exp(v_t0 - v_m_new);
-  const float v_ig = rnncc_exp(g_i - v_m_new);
-  const float v_t1 = v_fg * s_c + v_ig * rnncc_tanh(g_z);
-  const float v_t2 = v_fg * s_n + v_ig;
+  const float new_m = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
+  const float v_fg = rnncc_exp(v_t0 - new_m);
+  const float v_ig = rnncc_exp(g_i - new_m);
+  const float new_c = v_fg * s_c + v_ig * rnncc_tanh(g_z);
+  const float new_n = v_fg * s_n + v_ig;
   // new states
-  const float new_h = rnncc_sigmoid(g_o) * v_t1 / v_t2;
-  const float new_c = v_t1;
-  const float new_n = v_t2;
-  const float new_m = v_m_new;
+  const float new_h = rnncc_sigmoid(g_o) * new_c / new_n;
   // stores
-  a.s_new[0 * NBD + i] = new_h;
-  a.s_new[1 * NBD + i] = new_c;
+  a.s_new[i] = new_h;
+  a.s_new[NBD + i] = new_c;
   a.s_new[2 * NBD + i] = new_n;
   a.s_new[3 * NBD + i] = new_m;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -124,18 +121,18 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_c = a.s_old[1 * NBD + i];
+  const float s_c = a.s_old[NBD + i];
   const float s_n = a.s_old[2 * NBD + i];
   const float s_m = a.s_old[3 * NBD + i];
-  const float g_i = rnncc::to_float(Wx[0 * NHD]) + Rh[0 * a.D] + rnncc::to_float(bias[0 * NHD]);
-  const float g_f = rnncc::to_float(Wx[1 * NHD]) + Rh[1 * a.D] + rnncc::to_float(bias[1 * NHD]);
+  const float g_i = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
+  const float g_f = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
   const float g_z = rnncc::to_float(Wx[2 * NHD]) + Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
   const float g_o = rnncc::to_float(Wx[3 * NHD]) + Rh[3 * a.D] + rnncc::to_float(bias[3 * NHD]);
-  const float dn_h = a.ds_new[0 * NBD + i];
-  const float dn_c = a.ds_new[1 * NBD + i];
+  const float dn_h = a.ds_new[i];
+  const float dn_c = a.ds_new[NBD + i];
   const float dn_n = a.ds_new[2 * NBD + i];
   const float dn_m = a.ds_new[3 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_logf = rnncc_logsigmoid(g_f);
@@ -157,18 +154,18 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const float v_t13 = (v_t1 == g_i ? v_t12 * 0.5f : 0.0f);
   const float v_t14 = v_t9 + (v_t1 > g_i ? v_t12 : v_t13);
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = 0.0f;
-  a.ds_old[1 * NBD + i] = v_t5 * v_fg;
+  a.ds_old[i] = 0.0f;
+  a.ds_old[NBD + i] = v_t5 * v_fg;
   a.ds_old[2 * NBD + i] = v_t8 * v_fg;
   a.ds_old[3 * NBD + i] = v_t14;
   const float d_i = v_t10 + (s_n == 0.0f ? v_t11 : 0.0f) + (g_i > v_t1 ? v_t12 : v_t13);
-  dWx[0 * NHD] = rnncc::from_float<T>(d_i);
-  dGr[0 * a.D] = d_i;
-  dGb[0 * a.D] = d_i;
+  dWx[0] = rnncc::from_float<T>(d_i);
+  dGr[0] = d_i;
+  dGb[0] = d_i;
   const float d_f = v_t14 * rnncc_sigmoid(-g_f);
-  dWx[1 * NHD] = rnncc::from_float<T>(d_f);
-  dGr[1 * a.D] = d_f;
-  dGb[1 * a.D] = d_f;
+  dWx[NHD] = rnncc::from_float<T>(d_f);
+  dGr[a.D] = d_f;
+  dGb[a.D] = d_f;
   const float d_z = v_t5 * v_ig * (1.0f - v_t6 * v_t6);
   dWx[2 * NHD] = rnncc::from_float<T>(d_z);
   dGr[2 * a.D] = d_z;

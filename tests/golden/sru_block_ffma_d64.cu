@@ -163,11 +163,10 @@ __global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fu
         const float p_v_r = pv[1][q];
         // the cell
         const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-        const float v_t0 = v_fg * s_c + (1.0f - v_fg) * g_z;
+        const float new_c = v_fg * s_c + (1.0f - v_fg) * g_z;
         const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
         // new states
-        const float new_c = v_t0;
-        const float new_h = v_rg * v_t0 + (1.0f - v_rg) * g_xs;
+        const float new_h = v_rg * new_c + (1.0f - v_rg) * g_xs;
         // stores
         st[0][q] = new_c;
         st[1][q] = new_h;
@@ -266,39 +265,37 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
         (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
         // leaves
         const float s_c = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_z = rnncc::to_float(Wx[0 * NHD]);
-        const float g_f = rnncc::to_float(Wx[1 * NHD]) + bv[0][q];
+        const float g_z = rnncc::to_float(Wx[0]);
+        const float g_f = rnncc::to_float(Wx[NHD]) + bv[0][q];
         const float g_r = rnncc::to_float(Wx[2 * NHD]) + bv[1][q];
         const float g_xs = rnncc::to_float(Wx[3 * NHD]);
         const float p_v_f = pv[0][q];
         const float p_v_r = pv[1][q];
         const float dn_c = ds[0][q];
         const float dn_h = ds[1][q];
-        const float do_h = rnncc::to_float(dy[0 * yO]);
+        const float do_h = rnncc::to_float(dy[0]);
         // the backward cell
         const float v_t0 = dn_h + do_h;
         const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
         const float v_t1 = 1.0f - v_fg;
         const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
         const float v_t2 = 1.0f - v_rg;
-        const float v_t3 = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
-        const float v_t4 = dn_c + v_t0 * v_rg;
-        const float v_t5 = (-(v_t4 * g_z) + v_t4 * s_c) * v_t1 * v_fg;
+        const float d_r = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
+        const float v_t3 = dn_c + v_t0 * v_rg;
+        const float d_f = (-(v_t3 * g_z) + v_t3 * s_c) * v_t1 * v_fg;
         // cotangents of the old states, the gates and the params
-        nd[0][q] = v_t3 * p_v_r + v_t4 * v_fg + v_t5 * p_v_f;
+        nd[0][q] = d_r * p_v_r + v_t3 * v_fg + d_f * p_v_f;
         nd[1][q] = 0.0f;
-        const float d_z = v_t4 * v_t1;
-        dWx[0 * NHD] = rnncc::from_float<T>(d_z);
-        const float d_f = v_t5;
-        dWx[1 * NHD] = rnncc::from_float<T>(d_f);
+        const float d_z = v_t3 * v_t1;
+        dWx[0] = rnncc::from_float<T>(d_z);
+        dWx[NHD] = rnncc::from_float<T>(d_f);
         gbacc[0][q] += d_f;
-        const float d_r = v_t3;
         dWx[2 * NHD] = rnncc::from_float<T>(d_r);
         gbacc[1][q] += d_r;
         const float d_xs = v_t0 * v_t2;
         dWx[3 * NHD] = rnncc::from_float<T>(d_xs);
-        pacc[0][q] += v_t5 * s_c;
-        pacc[1][q] += v_t3 * s_c;
+        pacc[0][q] += d_f * s_c;
+        pacc[1][q] += d_r * s_c;
       } else if (j < kElems) {
 #pragma unroll
         for (int r = 0; r < kGr; ++r) dgs[r * kD + d][b] = 0.0f;

@@ -418,17 +418,16 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
         const float p_v_r = pv[1][q];
         // the cell
         const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-        const float v_t0 = v_fg * s_c + (1.0f - v_fg) * g_z;
+        const float new_c = v_fg * s_c + (1.0f - v_fg) * g_z;
         const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
         // new states
-        const float new_c = v_t0;
-        const float new_h = v_rg * v_t0 + (1.0f - v_rg) * g_xs;
+        const float new_h = v_rg * new_c + (1.0f - v_rg) * g_xs;
         // stores
         st[0][q] = new_c;
         st[1][q] = new_h;
-        yp[q][0 * yO] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0 * NBD] = new_c;
-        if (a.hist) hp[q][1 * NBD] = new_h;
+        yp[q][0] = rnncc::from_float<T>(new_h);
+        if (a.hist) hp[q][0] = new_c;
+        if (a.hist) hp[q][NBD] = new_h;
       }
     }
 #pragma unroll
@@ -697,24 +696,22 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
       const float v_t1 = 1.0f - v_fg;
       const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
       const float v_t2 = 1.0f - v_rg;
-      const float v_t3 = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
-      const float v_t4 = dn_c + v_t0 * v_rg;
-      const float v_t5 = (-(v_t4 * g_z) + v_t4 * s_c) * v_t1 * v_fg;
+      const float d_r = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
+      const float v_t3 = dn_c + v_t0 * v_rg;
+      const float d_f = (-(v_t3 * g_z) + v_t3 * s_c) * v_t1 * v_fg;
       // cotangents of the old states, the gates and the params
-      nd[0][q] = v_t3 * p_v_r + v_t4 * v_fg + v_t5 * p_v_f;
+      nd[0][q] = d_r * p_v_r + v_t3 * v_fg + d_f * p_v_f;
       nd[1][q] = 0.0f;
-      const float d_z = v_t4 * v_t1;
+      const float d_z = v_t3 * v_t1;
       o.wx[0][q] = d_z;
-      const float d_f = v_t5;
       o.wx[1][q] = d_f;
       o.gb[0][q] = d_f;
-      const float d_r = v_t3;
       o.wx[2][q] = d_r;
       o.gb[1][q] = d_r;
       const float d_xs = v_t0 * v_t2;
       o.wx[3][q] = d_xs;
-      o.p[0][q] = v_t5 * s_c;
-      o.p[1][q] = v_t3 * s_c;
+      o.p[0][q] = d_f * s_c;
+      o.p[1][q] = d_r * s_c;
     }
     // Stores, in the storage type, into shared memory: dWx, and the gate cotangents (the next
     // product's operand, and what the host's dR GEMM reads); bias and param cotangents summed.

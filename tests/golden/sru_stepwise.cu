@@ -68,24 +68,23 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   (void)Wx; (void)Rh; (void)bias; (void)prm;
   // leaves
-  const float s_c = a.s_old[0 * NBD + i];
-  const float g_z = rnncc::to_float(Wx[0 * NHD]);
-  const float g_f = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_r = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[1 * NHD]);
+  const float s_c = a.s_old[i];
+  const float g_z = rnncc::to_float(Wx[0]);
+  const float g_f = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[0]);
+  const float g_r = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[NHD]);
   const float g_xs = rnncc::to_float(Wx[3 * NHD]);
-  const float p_v_f = rnncc::to_float(prm[0 * NHD]);
-  const float p_v_r = rnncc::to_float(prm[1 * NHD]);
+  const float p_v_f = rnncc::to_float(prm[0]);
+  const float p_v_r = rnncc::to_float(prm[NHD]);
   // the cell
   const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-  const float v_t0 = v_fg * s_c + (1.0f - v_fg) * g_z;
+  const float new_c = v_fg * s_c + (1.0f - v_fg) * g_z;
   const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
   // new states
-  const float new_c = v_t0;
-  const float new_h = v_rg * v_t0 + (1.0f - v_rg) * g_xs;
+  const float new_h = v_rg * new_c + (1.0f - v_rg) * g_xs;
   // stores
-  a.s_new[0 * NBD + i] = new_c;
-  a.s_new[1 * NBD + i] = new_h;
-  y[0 * yO] = rnncc::from_float<T>(new_h);
+  a.s_new[i] = new_c;
+  a.s_new[NBD + i] = new_h;
+  y[0] = rnncc::from_float<T>(new_h);
   (void)yO;
 }
 
@@ -113,40 +112,38 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long yO = (long long)a.B * a.T * NHD;
   (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
   // leaves
-  const float s_c = a.s_old[0 * NBD + i];
-  const float g_z = rnncc::to_float(Wx[0 * NHD]);
-  const float g_f = rnncc::to_float(Wx[1 * NHD]) + rnncc::to_float(bias[0 * NHD]);
-  const float g_r = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[1 * NHD]);
+  const float s_c = a.s_old[i];
+  const float g_z = rnncc::to_float(Wx[0]);
+  const float g_f = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[0]);
+  const float g_r = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[NHD]);
   const float g_xs = rnncc::to_float(Wx[3 * NHD]);
-  const float p_v_f = rnncc::to_float(prm[0 * NHD]);
-  const float p_v_r = rnncc::to_float(prm[1 * NHD]);
-  const float dn_c = a.ds_new[0 * NBD + i];
-  const float dn_h = a.ds_new[1 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0 * yO]);
+  const float p_v_f = rnncc::to_float(prm[0]);
+  const float p_v_r = rnncc::to_float(prm[NHD]);
+  const float dn_c = a.ds_new[i];
+  const float dn_h = a.ds_new[NBD + i];
+  const float do_h = rnncc::to_float(dy[0]);
   // the backward cell
   const float v_t0 = dn_h + do_h;
   const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
   const float v_t1 = 1.0f - v_fg;
   const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
   const float v_t2 = 1.0f - v_rg;
-  const float v_t3 = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
-  const float v_t4 = dn_c + v_t0 * v_rg;
-  const float v_t5 = (-(v_t4 * g_z) + v_t4 * s_c) * v_t1 * v_fg;
+  const float d_r = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
+  const float v_t3 = dn_c + v_t0 * v_rg;
+  const float d_f = (-(v_t3 * g_z) + v_t3 * s_c) * v_t1 * v_fg;
   // cotangents of the old states, the gates and the params
-  a.ds_old[0 * NBD + i] = v_t3 * p_v_r + v_t4 * v_fg + v_t5 * p_v_f;
-  a.ds_old[1 * NBD + i] = 0.0f;
-  const float d_z = v_t4 * v_t1;
-  dWx[0 * NHD] = rnncc::from_float<T>(d_z);
-  const float d_f = v_t5;
-  dWx[1 * NHD] = rnncc::from_float<T>(d_f);
-  dGb[0 * a.D] = d_f;
-  const float d_r = v_t3;
+  a.ds_old[i] = d_r * p_v_r + v_t3 * v_fg + d_f * p_v_f;
+  a.ds_old[NBD + i] = 0.0f;
+  const float d_z = v_t3 * v_t1;
+  dWx[0] = rnncc::from_float<T>(d_z);
+  dWx[NHD] = rnncc::from_float<T>(d_f);
+  dGb[0] = d_f;
   dWx[2 * NHD] = rnncc::from_float<T>(d_r);
-  dGb[1 * a.D] = d_r;
+  dGb[a.D] = d_r;
   const float d_xs = v_t0 * v_t2;
   dWx[3 * NHD] = rnncc::from_float<T>(d_xs);
-  dP[0 * a.D] = v_t5 * s_c;
-  dP[1 * a.D] = v_t3 * s_c;
+  dP[0] = d_f * s_c;
+  dP[a.D] = d_r * s_c;
   (void)yO;
 }
 
