@@ -225,7 +225,11 @@ def _define_ops(
         _library = torch.library.Library("rnncc", "FRAGMENT")
     lib = _library
     S, O, _, Gr, _, _, _ = dims
-    fused = host == "fused"  # the stepwise host loop takes no launch: it launches per step
+
+    def _launch_arg(launch: list[int]) -> tuple[list[int], ...]:
+        # The stepwise host loop takes no launch: it launches its kernels per step.
+        return (launch,) if host == "fused" else ()
+
     lib.define(_FORWARD_SCHEMA.format(name=name))
     lib.define(_BACKWARD_SCHEMA.format(name=name))
 
@@ -240,10 +244,7 @@ def _define_ops(
         poison: bool,
     ) -> _ForwardOut:
         run = getattr(torch.ops.rnncc_host, f"{host}_forward")
-        if fused:
-            out = run(Wx, R, b, states, params, fwd_ptr, dims, launch, save, poison)
-        else:
-            out = run(Wx, R, b, states, params, fwd_ptr, dims, save, poison)
+        out = run(Wx, R, b, states, params, fwd_ptr, dims, *_launch_arg(launch), save, poison)
         return cast(_ForwardOut, out)
 
     def forward_fake(
@@ -275,10 +276,9 @@ def _define_ops(
         poison: bool,
     ) -> _BackwardOut:
         run = getattr(torch.ops.rnncc_host, f"{host}_backward")
-        if fused:
-            out = run(dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, launch, poison)
-        else:
-            out = run(dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, poison)
+        out = run(
+            dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, *_launch_arg(launch), poison
+        )
         return cast(_BackwardOut, out)
 
     def backward_fake(

@@ -55,13 +55,12 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   const int n = (int)(i / ((long long)a.D * a.B));
   const long long hd = (long long)n * a.D + d;
   const long long bt = (long long)b * a.T + a.t;
-  const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  const float* Rh = a.Rh + ((long long)n * a.B + b) * kGr * a.D + d;
-  const T* bias = static_cast<const T*>(a.bias) + hd;
-  const T* prm = static_cast<const T*>(a.params) + hd;
+  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
+  [[maybe_unused]] const float* Rh = a.Rh + ((long long)n * a.B + b) * kGr * a.D + d;
+  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
+  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
   T* y = static_cast<T*>(a.y) + bt * NHD + hd;
-  const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
-  (void)Wx; (void)Rh; (void)bias; (void)prm;
+  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
   // leaves
   const float s_h = a.s_old[i];
   const float g_u = rnncc::to_float(Wx[0]);
@@ -73,7 +72,6 @@ __global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a
   // stores
   a.s_new[i] = new_h;
   y[0] = rnncc::from_float<T>(new_h);
-  (void)yO;
 }
 
 template <typename T>
@@ -88,17 +86,16 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const long long hd = (long long)n * a.D + d;
   const long long bt = (long long)b * a.T + a.t;
   const long long nb = (long long)n * a.B + b;
-  const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  const float* Rh = a.Rh + nb * kGr * a.D + d;
-  const T* bias = static_cast<const T*>(a.bias) + hd;
-  const T* prm = static_cast<const T*>(a.params) + hd;
-  const T* dy = static_cast<const T*>(a.dy) + bt * NHD + hd;
-  T* dWx = static_cast<T*>(a.dWx) + bt * kGx * NHD + hd;
-  float* dGr = a.dGr + nb * kGr * a.D + d;
-  float* dGb = a.dGb + nb * kGb * a.D + d;
-  float* dP = a.dP + nb * kP * a.D + d;
-  const long long yO = (long long)a.B * a.T * NHD;
-  (void)Wx; (void)Rh; (void)bias; (void)prm; (void)dy; (void)dWx; (void)dGr; (void)dGb; (void)dP;
+  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
+  [[maybe_unused]] const float* Rh = a.Rh + nb * kGr * a.D + d;
+  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
+  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
+  [[maybe_unused]] const T* dy = static_cast<const T*>(a.dy) + bt * NHD + hd;
+  [[maybe_unused]] T* dWx = static_cast<T*>(a.dWx) + bt * kGx * NHD + hd;
+  [[maybe_unused]] float* dGr = a.dGr + nb * kGr * a.D + d;
+  [[maybe_unused]] float* dGb = a.dGb + nb * kGb * a.D + d;
+  [[maybe_unused]] float* dP = a.dP + nb * kP * a.D + d;
+  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
   // leaves
   const float s_h = a.s_old[i];
   const float g_u = rnncc::to_float(Wx[0]);
@@ -115,7 +112,6 @@ __global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args 
   const float d_u = v_t0 * v_t2;
   dWx[0] = rnncc::from_float<T>(d_u);
   dP[0] = -((-(v_t0 * g_u / (2.0f * v_t2)) * (2.0f * v_lam) + v_t0 * s_h) * v_lam) * v_t1;
-  (void)yO;
 }
 
 int launch(void (*f32)(rnncc_step_args), void (*f16)(rnncc_step_args),

@@ -373,10 +373,9 @@ __global__ void __launch_bounds__(kGridFwThreads[grid_kernel_index(NT, UW)], 1)
   }
   __syncwarp();
   if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B) rnncc::xchg_count(ex.counter + jt / kNTh * kNTh);
-  const long long yO = (long long)a.B * a.T * NHD;
+  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // outputs' stride (one output: unused)
   const long long NBD = (long long)a.NH * a.B * kD;  // one state of the saved history
   T* const Y = static_cast<T*>(a.y);
-  (void)yO;
 
   // W x of step t into w (cell lanes; unconditional loads, as in the block tier). Offsets are
   // computed where used rather than kept: the wide kernels have no registers to spare.

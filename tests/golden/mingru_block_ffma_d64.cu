@@ -242,13 +242,13 @@ __global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_f
 #pragma unroll
       for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
       if (j < kElems && gb < a.B) {
-        const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of rh
-        const long long grow = ((long long)n * a.T + t) * a.B + gb;  // (n, t, gb) of dGr
-        const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
-        const T* dy = static_cast<const T*>(a.dy) + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
-        T* dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
-        const long long yO = (long long)a.B * a.T * NHD;
-        (void)row; (void)grow; (void)Wx; (void)dy; (void)dWx; (void)yO;
+        // What the generated backward cell reads and writes (a cell may leave some unused).
+        [[maybe_unused]] const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of rh
+        [[maybe_unused]] const long long grow = ((long long)n * a.T + t) * a.B + gb;  // (n, t, gb) of dGr
+        [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
+        [[maybe_unused]] const T* dy = static_cast<const T*>(a.dy) + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
+        [[maybe_unused]] T* dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
+        [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
         // leaves
         const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
         const float g_kz = rnncc::to_float(Wx[0]) + bv[0][q];

@@ -368,8 +368,7 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_
   }
   rnncc::cp_async_wait<kWxAhead - 1>();  // step 0's W x
   __syncthreads();
-  const long long yO = (long long)a.B * a.T * NHD;
-  (void)yO;
+  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // outputs' stride (one output: unused)
 
   // One step: the copies of step t + kWxAhead's W x go out (into the slot that step t - 1
   // read), then the lane reads this step's from shared memory, raw (bits_float), converted
@@ -580,8 +579,8 @@ __global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int g8 = lane >> 2, c4 = lane & 3;
   const int n = blockIdx.x;
-  const int b = g8, gb = blockIdx.y * kBC + g8;  // this lane's batch row
-  (void)b;
+  [[maybe_unused]] const int b = g8;  // this lane's batch row in the chunk (the cell may not read it)
+  const int gb = blockIdx.y * kBC + g8;  // and in the batch
   const long long NHD = (long long)a.NH * kD;
   const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
 
