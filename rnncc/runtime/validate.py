@@ -2,7 +2,7 @@
 
 Input: the tensors of ``cell(Wx, R, b, states, params)`` and the cell IR. Output: the sizes
 ``(B, T, NH, D)``; or ``ValueError`` naming the tensor, the expected and the actual shape (or
-dtype, or device). The contract is DESIGN.md §2:
+dtype, or device). The shapes a call takes (README, "Use it from PyTorch"):
 
     Wx [B, T, Gx, NH, D]   R [Gr, NH, D, D]   b [Gb, NH, D]
     states [S, B, NH, D]   params [P, NH, D]
