@@ -129,19 +129,21 @@ def head_blocks_co_resident(p: Problem, caps: HardwareCaps, uw: int, bps: int) -
 WARP_REGISTERS = 8192
 
 
-def _kernel_of(p: Problem, nt: int, uw: int) -> dict[str, int] | None:
-    return next(
-        (k for k in _kernel_table(p, LIBRARY_SMEM) if (k["n_tiles"], k["unit_tiles"]) == (nt, uw)),
-        None,
-    )
+def _kernel_of(p: Problem, nt: int, uw: int) -> tuple[int, dict[str, int]] | None:
+    """The library's kernel of blocks (nt, uw) for ``p``, with its index; None if not built."""
+    for i, k in enumerate(_kernel_table(p, LIBRARY_SMEM)):
+        if (k["n_tiles"], k["unit_tiles"]) == (nt, uw):
+            return i, k
+    return None
 
 
 def blocks_fit_an_sm(p: Problem, caps: HardwareCaps, nt: int, uw: int, bps: int) -> bool:
     """``bps`` blocks of the kernel fit one SM whatever registers ptxas gave its threads (one
     always does: the kernels' launch bounds cap their registers at the SM's share)."""
-    k = _kernel_of(p, nt, uw)
-    if k is None:
+    found = _kernel_of(p, nt, uw)
+    if found is None:
         return True  # kernel_exists says why
+    k = found[1]
     threads = max(k["fw_threads"], k["bw_threads"])
     smem = max(k["fw_smem"], k["bw_smem"]) + caps.smem_reserved_per_block
     return (
@@ -308,11 +310,10 @@ class GridMma(Variant):
         }
 
     def _kernel(self, problem: Problem, point: Point) -> tuple[int, dict[str, int]]:
-        table = _kernel_table(problem, LIBRARY_SMEM)
-        for i, k in enumerate(table):
-            if (k["n_tiles"], k["unit_tiles"]) == (point["n_tiles"], point["unit_tiles"]):
-                return i, k
-        raise ValueError(f"grid_mma builds no kernel for {dict(point)} at {problem.describe()}")
+        found = _kernel_of(problem, point["n_tiles"], point["unit_tiles"])
+        if found is None:
+            raise ValueError(f"grid_mma builds no kernel for {dict(point)} at {problem.describe()}")
+        return found
 
     def _split(self, problem: Problem, caps: HardwareCaps, point: Point) -> tuple[int, int, int]:
         """(heads per launch, chunks per launch, launches), blocks_per_sm per SM at most."""
