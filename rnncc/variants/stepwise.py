@@ -26,7 +26,7 @@ BUILD = {"variant": "stepwise", "threads": THREADS}
 
 class Stepwise(Variant):
     name = "stepwise"
-    summary = "stepwise: per step a batched matrix product and a generated pointwise kernel"
+    summary = "per step a batched matrix product and a generated pointwise kernel"
     dtypes = ("fp32", "fp16", "bf16")
     host = "stepwise"
 
