@@ -39,9 +39,8 @@ from rnncc.runtime.build import build_library, device_arch
 from rnncc.variants import BY_NAME, Launch
 
 ABI_VERSION = 8
-STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-#: The headers every kernel library includes.
-HEADERS = ("rnncc_abi.h", "rnncc_ops.cuh", "rnncc_mma.cuh")
+#: The headers the host loop includes (a kernel library's are its GeneratedSource's).
+HOST_HEADERS = ("rnncc_abi.h",)
 _lock = threading.Lock()
 
 _ForwardOut = tuple[Tensor, Tensor, Tensor, Tensor]  # y, last, hist, rh
@@ -55,7 +54,7 @@ class _Factory(TypedDict):
     device: torch.device
 
 
-def _header_paths(names: tuple[str, ...] = HEADERS) -> list[Path]:
+def _header_paths(names: tuple[str, ...]) -> list[Path]:
     return [templates_dir() / h for h in names]
 
 
@@ -67,7 +66,7 @@ def host_library(arch: str) -> Path:
         "rnncc_stepwise_host",
         {"stepwise_host.cpp": source},
         arch=arch,
-        headers=_header_paths(),
+        headers=_header_paths(HOST_HEADERS),
         description=f"stepwise host loop ({arch})",
     )
     torch.ops.load_library(str(path))

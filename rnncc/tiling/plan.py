@@ -122,8 +122,10 @@ class Plan:
             add(f"  binding     {', '.join(self.binding) or 'none (all below 90 %)'}")
         terms = " + ".join(f"{n} {us:.3f}" for n, us in c.terms)
         waves = f"{c.waves} × " if c.waves > 1 else ""
-        add(f"  cost        {c.forward_us:.3f} µs/step forward ({waves}{terms}), ")
-        lines[-1] += f"{c.backward_us:.3f} backward"
+        add(
+            f"  cost        {c.forward_us:.3f} µs/step forward ({waves}{terms}), "
+            f"{c.backward_us:.3f} backward"
+        )
         for a in self.alternatives:
             if a.forward_us is not None:
                 add(f"  other       {a.variant}: feasible, {a.forward_us:.3f} µs/step forward")

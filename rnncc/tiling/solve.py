@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from functools import partial
 from itertools import product
 from typing import Any
@@ -121,7 +122,7 @@ def solve(problem: Problem, caps: HardwareCaps, variants: Sequence[Variant] = VA
             alternatives.append(Alternative(v.name, mine[0].cost.forward_us))
         else:
             alternatives.append(Alternative(v.name, None, tuple(diagnose(v, problem, caps))))
-    return Plan(**{**best.__dict__, "alternatives": tuple(alternatives)})
+    return replace(best, alternatives=tuple(alternatives))
 
 
 def infeasible(
