@@ -3,9 +3,9 @@
 The helpers the fused variants (``rnncc.variants``) call: how each kernel spells the cell's
 leaves and stores (``LeafSpelling``s over the template's own registers and buffers), the
 generated lines of each kernel pair (``ffma_lines``, ``mma_lines``, ``grid_lines``) and
-``render_fused``, which renders one variant's kernels with the compile-time constants of its
-build record as the traits block. No rule about which sizes a kernel runs lives here: the
-variants' constraints say that.
+``render_fused``, which renders one variant's kernels with the constants the variant takes
+from its build record as the traits block. No rule about which sizes a kernel runs, and no
+variant's constants, live here: the variants say those.
 """
 
 from __future__ import annotations
@@ -204,67 +204,23 @@ def grid_lines(cell: Cell, bwd: BackwardCell) -> KernelLines:
     )
 
 
-def _traits(variant: str, build: Mapping[str, Any]) -> list[tuple[str, str, str]]:
-    """The compile-time constants of a variant's kernels, from its build record: (C++ type,
-    name, value) for the template's traits block."""
-    if variant == "block_ffma":
-        return [("int", "kThreads", build["threads"]), ("int", "kGroups", build["groups"])]
-    if variant == "block_mma":
-        ring = build["ring"]
-        return [
-            ("int", "kWarps", build["warps"]),
-            ("int", "kMmaThreads", build["threads"]),
-            ("int", "kWxAhead", build["wx_ahead"]),
-            ("int", "kInAhead", build["in_ahead"]),
-            ("int", "kWxRow", build["wx_row"]),
-            ("int", "kInS", ring["row32"]),
-            ("int", "kInR", ring["row32"]),
-            ("int", "kInX", ring["row16"]),
-            ("int", "kInY", ring["row16"]),
-            ("int", "kInOffR", ring["off_r"]),
-            ("int", "kInOffX", ring["off_x"]),
-            ("int", "kInOffY", ring["off_y"]),
-            ("int", "kInSlot", ring["slot"]),
-            ("size_t", "kBwSmem", ring["bytes"]),
-        ]
-    kernels = build["kernels"]
-    by_width = {k["unit_tiles"]: k for k in kernels}
-
-    def table(key: str) -> str:  # one value per kernel
-        return "{" + ", ".join(str(k[key]) for k in kernels) + "}"
-
-    def per_width(key: str) -> str:  # narrow, wide (0 where the library has none)
-        return (
-            "{" + ", ".join(str(by_width[w][key]) if w in by_width else "0" for w in (1, 2)) + "}"
-        )
-
-    return [
-        ("int", "kXWords", build["exchange_words"]),
-        ("int", "kGridKernels", len(kernels)),
-        ("int", "kGridNT[kGridKernels]", table("n_tiles")),
-        ("int", "kGridUW[kGridKernels]", table("unit_tiles")),
-        ("int", "kGridFwThreads[kGridKernels]", table("fw_threads")),
-        ("int", "kGridBwThreads[kGridKernels]", table("bw_threads")),
-        ("size_t", "kGridFwSmem[kGridKernels]", table("fw_smem")),
-        ("size_t", "kGridBwSmem[kGridKernels]", table("bw_smem")),
-        ("int", "kFwWarps[2]", per_width("fw_warps")),
-        ("int", "kFwKT[2]", per_width("fw_k_tiles")),
-        ("int", "kBwWarps[2]", per_width("bw_warps")),
-        ("int", "kBwKT[2]", per_width("bw_k_tiles")),
-    ]
+#: A compile-time constant of the traits block: (C++ type, name, value).
+Trait = tuple[str, str, Any]
 
 
 def render_fused(
     cell: Cell,
     variant: str,
     build: Mapping[str, Any],
+    traits: list[Trait],
     *,
     ffma: KernelLines | None = None,
     mma: KernelLines | None = None,
     grid: KernelLines | None = None,
 ) -> GeneratedSource:
     """The library of one fused variant (``block_ffma``, ``block_mma`` or ``grid_mma``) for
-    ``cell``, built with the constants of ``build``; the plan goes into the header."""
+    ``cell``: ``traits`` (the variant's constants from its build record) become the traits
+    block, ``build`` goes into the header as the plan."""
     D = build["D"]
     plan = f"{variant}, " + json.dumps(build, sort_keys=True)
     text = render_template(
@@ -273,7 +229,7 @@ def render_fused(
         rec=cell.state_names.index(cell.recurrent) if cell.recurrent else 0,
         D=D,
         BC=build["batch_chunk"],
-        traits=_traits(variant, build),
+        traits=traits,
         ffma=ffma,
         mma=mma,
         grid=grid,

@@ -130,4 +130,5 @@ class BlockFfma(Variant):
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.fused import ffma_lines, render_fused
 
-        return render_fused(cell, self.name, build, ffma=ffma_lines(cell, bwd))
+        traits = [("int", "kThreads", build["threads"]), ("int", "kGroups", build["groups"])]
+        return render_fused(cell, self.name, build, traits, ffma=ffma_lines(cell, bwd))

@@ -191,4 +191,21 @@ class BlockMma(Variant):
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.fused import mma_lines, render_fused
 
-        return render_fused(cell, self.name, build, mma=mma_lines(cell, bwd))
+        ring = build["ring"]
+        traits = [
+            ("int", "kWarps", build["warps"]),
+            ("int", "kMmaThreads", build["threads"]),
+            ("int", "kWxAhead", build["wx_ahead"]),
+            ("int", "kInAhead", build["in_ahead"]),
+            ("int", "kWxRow", build["wx_row"]),
+            ("int", "kInS", ring["row32"]),
+            ("int", "kInR", ring["row32"]),
+            ("int", "kInX", ring["row16"]),
+            ("int", "kInY", ring["row16"]),
+            ("int", "kInOffR", ring["off_r"]),
+            ("int", "kInOffX", ring["off_x"]),
+            ("int", "kInOffY", ring["off_y"]),
+            ("int", "kInSlot", ring["slot"]),
+            ("size_t", "kBwSmem", ring["bytes"]),
+        ]
+        return render_fused(cell, self.name, build, traits, mma=mma_lines(cell, bwd))

@@ -216,6 +216,36 @@ def _kernel_table(p: Problem, caps_smem: int) -> list[dict[str, int]]:
     return table
 
 
+def _traits(build: Any) -> list[tuple[str, str, Any]]:
+    """The kernel table and the product splits as the template's constants: arrays over the
+    library's kernels, and over the widths (narrow, wide; 0 where the library has none)."""
+    kernels = build["kernels"]
+    by_width = {k["unit_tiles"]: k for k in kernels}
+
+    def table(key: str) -> str:
+        return "{" + ", ".join(str(k[key]) for k in kernels) + "}"
+
+    def per_width(key: str) -> str:
+        return (
+            "{" + ", ".join(str(by_width[w][key]) if w in by_width else "0" for w in (1, 2)) + "}"
+        )
+
+    return [
+        ("int", "kXWords", build["exchange_words"]),
+        ("int", "kGridKernels", len(kernels)),
+        ("int", "kGridNT[kGridKernels]", table("n_tiles")),
+        ("int", "kGridUW[kGridKernels]", table("unit_tiles")),
+        ("int", "kGridFwThreads[kGridKernels]", table("fw_threads")),
+        ("int", "kGridBwThreads[kGridKernels]", table("bw_threads")),
+        ("size_t", "kGridFwSmem[kGridKernels]", table("fw_smem")),
+        ("size_t", "kGridBwSmem[kGridKernels]", table("bw_smem")),
+        ("int", "kFwWarps[2]", per_width("fw_warps")),
+        ("int", "kFwKT[2]", per_width("fw_k_tiles")),
+        ("int", "kBwWarps[2]", per_width("bw_warps")),
+        ("int", "kBwKT[2]", per_width("bw_k_tiles")),
+    ]
+
+
 #: Dynamic shared memory the library's kernels are built for at most (a block's opt-in on
 #: sm_90); a device with less rules out, through the constraint, the kernels that need more.
 LIBRARY_SMEM = 227 * 1024
@@ -356,4 +386,4 @@ class GridMma(Variant):
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.fused import grid_lines, render_fused
 
-        return render_fused(cell, self.name, build, grid=grid_lines(cell, bwd))
+        return render_fused(cell, self.name, build, _traits(build), grid=grid_lines(cell, bwd))
