@@ -3,7 +3,13 @@
 A ``CompiledCell`` holds the checked forward IR and its derived backward IR and is called
 like a function of tensors::
 
-    y, last = cell(Wx, R, b, states=None, params=None, backend="auto")
+    y, last = cell(Wx, R, b, states=None, params=None, backend="auto", lengths=None, reverse=False)
+
+``lengths`` (``[B]`` integers in ``1 .. T``, any device): row ``b`` runs steps
+``0 .. lengths[b]-1``; its outputs at positions ``≥ lengths[b]`` are 0 and its ``last`` holds
+the states after its own last step. ``reverse=True``: row ``b`` consumes ``Wx[b, L-1]``, ...,
+``Wx[b, 0]`` (``L = lengths[b]``, or ``T``) and the output made while consuming position ``t``
+is stored at ``y[:, b, t]``, as in the reverse direction of ``torch.nn.LSTM``.
 
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
 shape, dtype or device), fills defaults (declared initial states and params, made once per
@@ -37,7 +43,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
-from rnncc.runtime.validate import Sizes, validate
+from rnncc.runtime.validate import Sizes, validate, validate_lengths
 
 if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
     from rnncc.runtime.kernels import KernelOps
@@ -173,10 +179,18 @@ class CompiledCell:
         states: torch.Tensor | None = None,
         params: torch.Tensor | None = None,
         backend: str = "auto",
+        *,
+        lengths: torch.Tensor | None = None,
+        reverse: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(y, last)``; the inputs, ``lengths`` and ``reverse`` as in the module docstring."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        if not isinstance(reverse, bool):
+            raise ValueError(f"reverse must be True or False, got {reverse!r}")
         sizes = validate(self.ir, Wx, R, b, states, params)
+        if lengths is not None:
+            lengths = validate_lengths(lengths, sizes.B, sizes.T, Wx.device)
         if states is None:
             states = self._declared(sizes, Wx, states=True)
         if params is None and self.ir.params:
@@ -184,7 +198,25 @@ class CompiledCell:
         plan = self._choose(backend, Wx, sizes)
         if plan is None:
             self.last_backend, self.last_plan = "reference", None
-            return run_reference(self.ir, self.backward_ir, Wx, R, b, states, params)
+            return run_reference(
+                self.ir,
+                self.backward_ir,
+                Wx,
+                R,
+                b,
+                states,
+                params,
+                lengths=lengths,
+                reverse=reverse,
+            )
+        # Until the kernels take per-row lengths and the reverse direction, such calls stop here,
+        # before any build or launch (replace this check when they do).
+        if lengths is not None or reverse:
+            raise NotImplementedError(
+                "lengths= and reverse= run on backend='reference' only in this build "
+                f"(this call chose the {'fused' if plan.fused else 'stepwise'} backend on "
+                f"{Wx.device})"
+            )
         ops = self._ops_for(Wx.device, plan)
         self.last_backend = "fused" if plan.fused else "stepwise"
         self.last_plan = plan
@@ -406,3 +438,11 @@ def load(path: str | Path, cell: str | None = None) -> CompiledCell:
     """Compile the cell in the file ``path`` (or the one named ``cell``); raises ``DslError``,
     ``SourceReadError`` (a ``DslError``) when the file cannot be read."""
     return _load(read_source(path), cell, str(path), stacklevel=2)
+
+
+def load_builtin(name: str) -> CompiledCell:
+    """A built-in cell by name: ``"lstm"``, ``"gru"``, ``"elman"`` (tanh) and ``"elman_relu"``,
+    the cells of ``torch.nn.LSTM``, ``GRU`` and ``RNN``; they ship inside the package."""
+    from rnncc.resources import builtin_cell_path
+
+    return _load(read_source(builtin_cell_path(name)), None, f"<builtin {name}>", stacklevel=2)

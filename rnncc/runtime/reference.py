@@ -7,6 +7,12 @@ path ``Rᵀ·dg`` added to the recurrent state's cotangent, ``dR = Σ_t dgᵀ h[
 ``db = Σ_{t,B} dg`` and the params' cotangents reduced over batch and time. So every later
 backend is checked against the backward IR, not against torch autograd.
 
+Per-row lengths and the reverse direction: a row of length ``L`` runs steps ``0 .. L-1``
+and keeps its states after them (their outputs are 0); the backward passes a state's cotangent
+unchanged through the steps past a row's length, with zero gate and param cotangents there.
+The reverse direction is a per-row permutation of the time axis, applied to ``Wx`` on the way
+in and to ``y`` on the way out (``step_order``), so the masked recurrence is the only loop.
+
 Double backward: under ``create_graph=True`` the backward recomputes the forward from the
 saved inputs with autograd on and runs the backward cell on that graph, so its results are
 differentiable (second-order gradients, gradient penalties) in terms of the inputs.
@@ -62,6 +68,28 @@ def initial_states(
 def initial_params(cell: Cell, NH: int, D: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
     """``[P, NH, D]`` filled with each param's declared initial value."""
     return _filled([p.init for p in cell.params], (NH, D), dtype, device)
+
+
+def step_order(lengths: torch.Tensor | None, B: int, T: int, device: Any) -> torch.Tensor:
+    """``[B, T]``: the position of ``Wx`` that row ``b`` consumes at step ``t`` in the reverse
+    direction, ``L_b - 1 - t`` for ``t < L_b`` and ``t`` past the row's length. The map is its
+    own inverse, so it also carries ``y`` from step order back to positions."""
+    t = torch.arange(T, device=device).expand(B, T)
+    if lengths is None:
+        return t.flip(1)
+    L = lengths.view(B, 1)
+    return torch.where(t < L, L - 1 - t, t)
+
+
+def _by_position(x: torch.Tensor, order: torch.Tensor, dim: int) -> torch.Tensor:
+    """``x`` with its time axis ``dim`` (the axis after the batch axis) permuted per row."""
+    index = order.view(*([1] * (dim - 1)), *order.shape, *([1] * (x.dim() - dim - 1)))
+    return torch.take_along_dim(x, index, dim=dim)
+
+
+def _active(lengths: torch.Tensor | None, t: int) -> torch.Tensor | None:
+    """``[B, 1, 1]``: whether each row still runs at step ``t`` (None: every row does)."""
+    return None if lengths is None else (t < lengths).view(-1, 1, 1)
 
 
 class _Step:
@@ -123,6 +151,7 @@ def _run_forward(
     b: torch.Tensor | None,
     states: torch.Tensor,
     params: torch.Tensor | None,
+    lengths: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, list[list[torch.Tensor]], _Step]:
     cdtype = compute_dtype(Wx.dtype)
     Wx_c, R_c, b_c, p_c = _to(Wx, cdtype), _to(R, cdtype), _to(b, cdtype), _to(params, cdtype)
@@ -135,9 +164,17 @@ def _run_forward(
     roots = [n for _, n in cell.updates]
     for t in range(T):
         history.append(cur)
-        new = evaluate(roots, step.leaves(t, cur), dtype=cdtype, device=Wx.device)
-        cur = [v.expand(B, NH, D) for v in new]
-        ys.append(torch.stack([cur[k] for k in out_idx]))
+        new = [
+            v.expand(B, NH, D)
+            for v in evaluate(roots, step.leaves(t, cur), dtype=cdtype, device=Wx.device)
+        ]
+        active = _active(lengths, t)
+        if active is None:
+            cur = new
+            ys.append(torch.stack([cur[k] for k in out_idx]))
+        else:  # rows past their length keep their states and output 0
+            cur = [torch.where(active, n, c) for n, c in zip(new, cur, strict=True)]
+            ys.append(torch.stack([torch.where(active, new[k], 0.0) for k in out_idx]))
     if ys:
         y = torch.stack(ys, dim=2)
     else:
@@ -159,10 +196,12 @@ class ReferenceFunction(torch.autograd.Function):
         b: torch.Tensor | None,
         states: torch.Tensor,
         params: torch.Tensor | None,
+        lengths: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        y, last, history, _ = _run_forward(cell, Wx, R, b, states, params)
+        y, last, history, _ = _run_forward(cell, Wx, R, b, states, params, lengths)
         ctx.cell, ctx.bwd = cell, bwd
         ctx.history = history
+        ctx.lengths = lengths
         ctx.save_for_backward(Wx, R, b, states, params)
         ctx.states_dtype = states.dtype
         return y.to(Wx.dtype), last.to(Wx.dtype)
@@ -175,10 +214,11 @@ class ReferenceFunction(torch.autograd.Function):
         bwd: BackwardCell = ctx.bwd
         Wx, R, b, states, params = ctx.saved_tensors
         history: list[list[torch.Tensor]] = ctx.history
+        lengths: torch.Tensor | None = ctx.lengths
         if torch.is_grad_enabled():
             # create_graph=True: the forward's history was computed without autograd; redo it
             # on the saved inputs so that the backward below is differentiable in them.
-            _, _, history, _ = _run_forward(cell, Wx, R, b, states, params)
+            _, _, history, _ = _run_forward(cell, Wx, R, b, states, params, lengths)
         cdtype = compute_dtype(Wx.dtype)
         step = _Step(
             cell, _to(Wx, cdtype), _to(R, cdtype), _to(b, cdtype), _to(params, cdtype), cdtype
@@ -214,6 +254,12 @@ class ReferenceFunction(torch.autograd.Function):
                 v.expand(shape) for v in evaluate(roots, leaves, dtype=cdtype, device=Wx.device)
             ]
             d_old, d_g, d_p = outs[:ns], outs[ns : ns + ng], outs[ns + ng :]
+            active = _active(lengths, t)
+            if active is not None:
+                # A row past its length did not run this step: its states passed through.
+                d_old = [torch.where(active, d, s) for d, s in zip(d_old, ds, strict=True)]
+                d_g = [torch.where(active, d, 0.0) for d in d_g]
+                d_p = [torch.where(active, d, 0.0) for d in d_p]
             dg = dict(zip((g for g, _ in bwd.d_gates), d_g, strict=True))
             for g, k in ix.items():
                 dWx[:, t, k] = dg[g]
@@ -238,6 +284,7 @@ class ReferenceFunction(torch.autograd.Function):
             None if db is None else db.to(b.dtype),
             dstates,
             None if dp is None else dp.to(params.dtype),
+            None,
         )
 
 
@@ -248,10 +295,19 @@ def forward_autograd(
     b: torch.Tensor | None,
     states: torch.Tensor,
     params: torch.Tensor | None,
+    *,
+    lengths: torch.Tensor | None = None,
+    reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, last)`` computed with plain differentiable torch ops: torch autograd through the
     forward, the oracle that the derived backward is tested against."""
-    y, last, _, _ = _run_forward(cell, Wx, R, b, states, params)
+    B, T = Wx.shape[:2]
+    order = step_order(lengths, B, T, Wx.device) if reverse else None
+    if order is not None:
+        Wx = _by_position(Wx, order, 1)
+    y, last, _, _ = _run_forward(cell, Wx, R, b, states, params, lengths)
+    if order is not None:
+        y = _by_position(y, order, 2)
     return y.to(Wx.dtype), last.to(Wx.dtype)
 
 
@@ -263,7 +319,18 @@ def run_reference(
     b: torch.Tensor | None,
     states: torch.Tensor,
     params: torch.Tensor | None,
+    *,
+    lengths: torch.Tensor | None = None,
+    reverse: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(y, last)`` of the reference backend; inputs already validated and defaulted."""
-    out = ReferenceFunction.apply(cell, bwd, Wx, R, b, states, params)
-    return cast(tuple[torch.Tensor, torch.Tensor], out)
+    """``(y, last)`` of the reference backend; inputs already validated and defaulted,
+    ``lengths`` an int64 tensor on ``Wx``'s device (or None: every row runs ``T`` steps)."""
+    B, T = Wx.shape[:2]
+    order = step_order(lengths, B, T, Wx.device) if reverse else None
+    if order is not None:
+        Wx = _by_position(Wx, order, 1)
+    out = ReferenceFunction.apply(cell, bwd, Wx, R, b, states, params, lengths)
+    y, last = cast(tuple[torch.Tensor, torch.Tensor], out)
+    if order is not None:
+        y = _by_position(y, order, 2)
+    return y, last

@@ -5,7 +5,7 @@ Input: the tensors of ``cell(Wx, R, b, states, params)`` and the cell IR. Output
 dtype, or device). The shapes a call takes (README, "Use it from PyTorch"):
 
     Wx [B, T, Gx, NH, D]   R [Gr, NH, D, D]   b [Gb, NH, D]
-    states [S, B, NH, D]   params [P, NH, D]
+    states [S, B, NH, D]   params [P, NH, D]   lengths [B] (integers in 1..T, any device)
 """
 
 from __future__ import annotations
@@ -128,3 +128,26 @@ def validate(
                 Wx,
             )
     return Sizes(B, T, NH, D)
+
+
+def validate_lengths(lengths: object, B: int, T: int, device: torch.device) -> torch.Tensor:
+    """``lengths`` as int64 on ``device``: a tensor ``[B]`` of integers in ``1 .. T``, on any
+    device (reading its values waits for that device)."""
+    legend = f"[B={B}] integers in 1..T={T}"
+    if not isinstance(lengths, torch.Tensor):
+        raise ValueError(f"lengths must be a torch.Tensor {legend}, got {type(lengths).__name__}")
+    where = f"(dtype {lengths.dtype}, on {lengths.device})"
+    if lengths.dtype.is_floating_point or lengths.dtype.is_complex or lengths.dtype == torch.bool:
+        raise ValueError(f"lengths has dtype {lengths.dtype}, expected an integer dtype {legend}")
+    if tuple(lengths.shape) != (B,):
+        raise ValueError(f"lengths has shape {_shape(lengths)} {where}, expected {legend}")
+    out = lengths.to(device=device, dtype=torch.int64)
+    if B:
+        lo, hi = out.aminmax()
+        if lo < 1 or hi > T:
+            bad = int(torch.nonzero((out < 1) | (out > T))[0, 0])
+            raise ValueError(
+                f"lengths[{bad}] = {int(out[bad])} {where} is outside 1..T={T}: every row "
+                f"runs at least one and at most T steps"
+            )
+    return out

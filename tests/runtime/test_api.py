@@ -243,9 +243,9 @@ def _record_defaults(monkeypatch) -> list[tuple[torch.Tensor, torch.Tensor | Non
     seen: list[tuple[torch.Tensor, torch.Tensor | None]] = []
     run = api.run_reference
 
-    def recording(cell, bwd, Wx, R, b, states, params):
+    def recording(cell, bwd, Wx, R, b, states, params, **kw):
         seen.append((states, params))
-        return run(cell, bwd, Wx, R, b, states, params)
+        return run(cell, bwd, Wx, R, b, states, params, **kw)
 
     monkeypatch.setattr(api, "run_reference", recording)
     return seen

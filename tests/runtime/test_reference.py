@@ -166,3 +166,114 @@ def test_gradient_penalty_matches_torch_autograd():
         results.append(torch.autograd.grad(total, [args[k] for k in names]))
     for name, a, b in zip(names, *results, strict=True):
         assert rel_err(a, b) <= 1e-12, name
+
+
+# ---- per-row lengths and the reverse direction --------------------------------------------
+LENGTHS = torch.tensor([2, 4, 1])  # B = 3, T = 4: unsorted, one full row
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "slstm", "peephole_lstm"])
+def test_each_row_runs_its_own_length(name, reverse):
+    """A row of length L is the same row run alone over its first L positions (in reverse
+    order for ``reverse``, its outputs stored at the positions they consumed); 0 past L."""
+    cell = rnncc.load(EX[name])
+    x = random_inputs(cell.ir, 3, 4, 2, 3, seed=4)
+    y, last = cell(*(x[k] for k in INPUTS), lengths=LENGTHS, reverse=reverse)
+    for b, L in enumerate(LENGTHS.tolist()):
+        row = dict(x, Wx=x["Wx"][b : b + 1, :L], states=x["states"][:, b : b + 1])
+        if reverse:
+            row["Wx"] = row["Wx"].flip(1)
+        y_b, last_b = cell(*(row[k] for k in INPUTS))
+        if reverse:
+            y_b = y_b.flip(2)
+        # (not bit for bit: a batch of one runs another matrix-product kernel)
+        assert rel_err(y[:, b : b + 1, :L], y_b) <= 1e-14
+        assert torch.equal(y[:, b, L:], torch.zeros_like(y[:, b, L:]))
+        assert rel_err(last[:, b : b + 1], last_b) <= 1e-14
+
+
+def test_reverse_without_lengths_runs_the_flipped_sequence():
+    cell = rnncc.load(EX["lstm"])
+    x = random_inputs(cell.ir, 2, 5, 1, 3, seed=6)
+    y, last = cell(*(x[k] for k in INPUTS), reverse=True)
+    flipped = dict(x, Wx=x["Wx"].flip(1))
+    y_f, last_f = cell(*(flipped[k] for k in INPUTS))
+    assert torch.equal(y, y_f.flip(2)) and torch.equal(last, last_f)
+
+
+def _masked_fn(cell, names, lengths, reverse):
+    def f(*a):
+        kw = dict(zip(names, a))
+        return cell(
+            kw["Wx"],
+            kw.get("R"),
+            kw.get("b"),
+            kw["states"],
+            kw.get("params"),
+            backend="reference",
+            lengths=lengths,
+            reverse=reverse,
+        )
+
+    return f
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "slstm", "peephole_lstm", "lru"])
+def test_gradcheck_with_lengths(name, reverse):
+    cell = rnncc.load(EX[name])
+    x = random_inputs(cell.ir, 3, 4, 1, 2, seed=8)
+    names = [k for k in INPUTS if x[k] is not None]
+    args = [x[k].requires_grad_() for k in names]
+    assert torch.autograd.gradcheck(_masked_fn(cell, names, LENGTHS, reverse), args)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+def test_gradgradcheck_with_lengths(reverse):
+    cell = rnncc.load(EX["lstm"])
+    x = random_inputs(cell.ir, 3, 4, 1, 2, seed=9)
+    names = [k for k in INPUTS if x[k] is not None]
+    args = [x[k].requires_grad_() for k in names]
+    assert torch.autograd.gradgradcheck(_masked_fn(cell, names, LENGTHS, reverse), args)
+
+
+@pytest.mark.parametrize("reverse", [False, True], ids=["forward", "reverse"])
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_derived_backward_with_lengths_equals_torch_autograd(path, reverse):
+    """Past a row's length the backward passes the state cotangents through and gives zero
+    gate and param cotangents: the same gradients as torch autograd through the forward."""
+    cell = rnncc.load(path)
+    x = random_inputs(cell.ir, 3, 4, 2, 3, seed=12)
+    names = [k for k in INPUTS if x[k] is not None]
+    results = []
+    for run in (
+        lambda *a: cell(*a, backend="reference", lengths=LENGTHS, reverse=reverse),
+        lambda *a: forward_autograd(cell.ir, *a, lengths=LENGTHS, reverse=reverse),
+    ):
+        args = {k: x[k].clone().requires_grad_() for k in names}
+        y, last = run(args["Wx"], args.get("R"), args.get("b"), args["states"], args.get("params"))
+        g = torch.Generator().manual_seed(0)
+        loss = (y * torch.randn(y.shape, generator=g, dtype=y.dtype)).sum() + (
+            last * torch.randn(last.shape, generator=g, dtype=y.dtype)
+        ).sum()
+        results.append(((y, last), torch.autograd.grad(loss, [args[k] for k in names])))
+    (ya, la), ga = results[0]
+    (yb, lb), gb = results[1]
+    assert rel_err(ya, yb) == 0.0 and rel_err(la, lb) == 0.0
+    for name, a, b in zip(names, ga, gb, strict=True):
+        assert rel_err(a, b) <= 1e-12, name
+
+
+def test_kernel_backends_refuse_lengths_before_building_anything(monkeypatch):
+    """Until the kernels take lengths and reverse, a call that chose one says so, before any
+    build or launch (the CUDA side is in tests/gpu/test_layer_gpu.py)."""
+    from types import SimpleNamespace
+
+    cell = rnncc.load(EX["lstm"])
+    x = random_inputs(cell.ir, 3, 4, 1, 2)
+    monkeypatch.setattr(cell, "_choose", lambda *a: SimpleNamespace(fused=True))
+    monkeypatch.setattr(cell, "_ops_for", lambda *a: pytest.fail("built kernels"))
+    for kw in ({"lengths": LENGTHS}, {"reverse": True}):
+        with pytest.raises(NotImplementedError, match="backend='reference' only"):
+            cell(*(x[k] for k in INPUTS), **kw)

@@ -252,3 +252,38 @@ def test_the_quiet_check_and_the_messages_agree(given: object, fits: bool) -> No
     assert _fits(given, (4, NH, D), like) is fits
     with pytest.raises(AssertionError if fits else ValueError):
         _reject("b", given, (4, NH, D), "Gb=4, NH, D", like)
+
+
+@pytest.mark.parametrize(
+    ("lengths", "message"),
+    [
+        ([2, 3], "lengths must be a torch.Tensor [B=2] integers in 1..T=3, got list"),
+        (
+            torch.tensor([2.0, 3.0]),
+            "lengths has dtype torch.float32, expected an integer dtype [B=2] integers in 1..T=3",
+        ),
+        (
+            torch.tensor([1, 2, 3]),
+            "lengths has shape [3] (dtype torch.int64, on cpu), expected [B=2] integers in 1..T=3",
+        ),
+        (
+            torch.tensor([3, 0], dtype=torch.int32),
+            "lengths[1] = 0 (dtype torch.int32, on cpu) is outside 1..T=3: every row runs at "
+            "least one and at most T steps",
+        ),
+        (
+            torch.tensor([4, 1]),
+            "lengths[0] = 4 (dtype torch.int64, on cpu) is outside 1..T=3: every row runs at "
+            "least one and at most T steps",
+        ),
+    ],
+)
+def test_lengths(lengths, message) -> None:
+    cell = load("lstm")
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        cell(**tensors("lstm"), lengths=lengths)
+
+
+def test_reverse_must_be_a_bool() -> None:
+    with pytest.raises(ValueError, match=r"^reverse must be True or False, got 1$"):
+        load("lstm")(**tensors("lstm"), reverse=1)
