@@ -77,12 +77,8 @@ def main(package: str) -> int:
     failed = [n for n, e in errors.items() if not e <= TOLERANCE]
 
     if cell.name == "lstm":  # the reference against torch's own LSTM, with the same weights
-        lstm = torch.nn.LSTM(I, H, batch_first=True, dtype=torch.float64)
+        lstm = reference.to_torch()  # a torch.nn.LSTM holding a copy of the layer's weights
         with torch.no_grad():
-            lstm.weight_ih_l0.copy_(reference.input_proj.weight)
-            lstm.bias_ih_l0.copy_(reference.input_proj.bias)
-            lstm.weight_hh_l0.copy_(reference.R.reshape(4 * H, H))
-            lstm.bias_hh_l0.copy_(reference.b.reshape(4 * H))
             out, _ = lstm(x.to("cpu", torch.float64))
         err = rel_err(expected[0], out)
         print(f"float64 reference against torch.nn.LSTM (float64): {err:.1e}")

@@ -3,7 +3,7 @@
 Write a cell's gates and state updates in a ``.rnn`` file, then ``rnncc.load`` it and call
 it like a function of tensors, or wrap it in ``rnncc.RNN``::
 
-    cell = rnncc.load("examples/lstm.rnn")
+    cell = rnncc.load("examples/lstm.rnn")  # or rnncc.load_builtin("lstm")
     y, last = cell(Wx, R, b)
 
 Nothing is parsed, built or configured at import time: the public names below are imported
@@ -26,12 +26,14 @@ __all__ = [
     "RnnccWarning",
     "TilingError",
     "load",
+    "load_builtin",
     "loads",
 ]
 
 _LAZY = {
     "load": "rnncc.runtime.api",
     "loads": "rnncc.runtime.api",
+    "load_builtin": "rnncc.runtime.api",
     "CompiledCell": "rnncc.runtime.api",
     "RnnccWarning": "rnncc.runtime.api",
     "RNN": "rnncc.runtime.module",
@@ -44,7 +46,7 @@ _LAZY = {
 
 if TYPE_CHECKING:
     from rnncc.errors import BuildError, DslError, DslSyntaxError, RnnccError, TilingError
-    from rnncc.runtime.api import CompiledCell, RnnccWarning, load, loads
+    from rnncc.runtime.api import CompiledCell, RnnccWarning, load, load_builtin, loads
     from rnncc.runtime.module import RNN
 
 

@@ -1,4 +1,5 @@
-"""Where rnncc's data files live: the ``.lark`` grammar and the code-generation templates.
+"""Where rnncc's data files live: the ``.lark`` grammar, the code-generation templates and the
+built-in cells.
 
 Input: a grammar file name. Output: an absolute :class:`~pathlib.Path` to an existing file or
 folder on the real file system (lark, Jinja's ``FileSystemLoader`` and nvcc's ``-I`` all want
@@ -12,6 +13,9 @@ Two layouts are supported, tried in this order:
 2. a source tree (the repository root on ``PYTHONPATH``, or an editable install, which
    imports ``rnncc`` from the repository): they sit next to the ``rnncc/`` folder, beside
    ``pyproject.toml`` (the check that keeps an unrelated ``site-packages/grammar`` out).
+
+The built-in cells (``rnncc/cells/*.rnn``, the cells of ``torch.nn.LSTM``, ``GRU`` and ``RNN``)
+live inside the package folder itself, so both layouts find them beside this file.
 
 Use these functions rather than ``importlib.resources.files("rnncc.grammar")``: an editable
 install maps ``rnncc`` to the checkout's ``rnncc/`` folder, where no ``grammar`` subpackage
@@ -28,7 +32,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["grammar_dir", "grammar_path", "templates_dir"]
+__all__ = ["builtin_cell_path", "builtin_cells", "grammar_dir", "grammar_path", "templates_dir"]
 
 
 def _find_dir(folder: str) -> Path:
@@ -71,3 +75,19 @@ def grammar_path(name: str = "rnncc.lark") -> Path:
 def templates_dir() -> Path:
     """The folder holding the Jinja templates and hand-written CUDA/C++ skeletons."""
     return _find_dir("templates")
+
+
+def builtin_cells() -> tuple[str, ...]:
+    """The names of the built-in cells, sorted."""
+    return tuple(sorted(p.stem for p in (Path(__file__).resolve().parent / "cells").glob("*.rnn")))
+
+
+def builtin_cell_path(name: str) -> Path:
+    """The ``.rnn`` file of the built-in cell ``name`` (e.g. ``"lstm"``)."""
+    path = Path(__file__).resolve().parent / "cells" / f"{name}.rnn"
+    if not name.isidentifier() or not path.is_file():
+        raise ValueError(
+            f"rnncc: no built-in cell {name!r}; the built-in cells are "
+            f"{', '.join(builtin_cells()) or 'missing (reinstall rnncc)'}"
+        )
+    return path

@@ -1,31 +1,31 @@
-"""``rnncc.RNN``: a compiled cell as an ``nn.Module`` with its own weights.
+"""``rnncc.RNN``: a compiled cell as a drop-in for ``torch.nn.LSTM``/``GRU``/``RNN``.
 
-Input: a ``CompiledCell`` (or a path to a ``.rnn`` file), sizes. Parameters, initialised
-like ``torch.nn.LSTM`` (uniform in ±1/√hidden_size; params at their declared values):
-
-- ``input_proj``: ``Linear(input_size, Gx · hidden_size)``, gate-major (``[Gx, NH, D]``);
-  absent when the cell has no ``W x`` term;
-- ``R``: ``[Gr, NH, D, D]`` (out × in per head), absent without ``R h``;
-- ``b``: ``[Gb, NH, D]``, absent without ``b`` terms or with ``bias=False`` (then zeros);
-- ``params``: ``[P, NH, D]``, absent when the cell declares none.
-
-``forward(x, states=None)`` takes ``x`` ``[B, T, input_size]`` (``[T, B, input_size]`` with
-``batch_first=False``) and optional ``states`` ``[S, B, hidden_size]``, and returns
-``(outputs, last)``: ``outputs`` ``[B, T, O · hidden_size]`` (the output states concatenated
-along the last axis, in the cell's ``output`` order; time-major with ``batch_first=False``)
-and ``last`` ``[S, B, hidden_size]``, every state after the last step.
+A stack of ``num_layers`` layers, each running the cell in one or two directions, with what
+``nn.LSTM`` takes: padded batches (with ``lengths=``) or a ``PackedSequence``, initial states
+as one tensor or as ``nn.LSTM``'s ``(h0, c0)``, dropout between layers, autocast. The weights
+of each (layer, direction) sit in one ``CellWeights`` module, in ``nn.LSTM``'s ``h_n`` order;
+the reverse direction calls the cell with ``reverse=True``. docs/api.md states the API;
+``rnncc/runtime/torch_compat.py`` converts from and to the torch modules.
 """
 
 from __future__ import annotations
 
 import math
+import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TypedDict
+from typing import TypedDict, overload
 
 import torch
 from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from rnncc.runtime.api import CompiledCell, load
+from rnncc.runtime.validate import validate_lengths
+
+#: What ``states=`` takes: ``[S, L·dirs, B, H]``, a tuple of ``S`` tensors ``[L·dirs, B, H]``
+#: (``nn.LSTM``'s ``(h0, c0)``), or ``[L·dirs, B, H]`` for a cell of one state (``h0``).
+States = torch.Tensor | Sequence[torch.Tensor]
 
 
 class _Factory(TypedDict):
@@ -35,46 +35,42 @@ class _Factory(TypedDict):
     dtype: torch.dtype | None
 
 
-class RNN(nn.Module):
-    """A layer running a compiled cell over a sequence; see the module docstring."""
+def _shape(t: torch.Tensor) -> str:
+    return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+class CellWeights(nn.Module):
+    """The weights of one (layer, direction), initialised like ``nn.LSTM``'s (uniform in
+    ±1/√hidden_size; params at their declared values):
+
+    - ``input_proj``: ``Linear(input_size, Gx · hidden_size)``, gate-major (``[Gx, NH, D]``);
+      absent when the cell has no ``W x`` term;
+    - ``R``: ``[Gr, NH, D, D]`` (out × in per head), absent without ``R h``;
+    - ``b``: ``[Gb, NH, D]``, absent without ``b`` terms or with ``bias=False`` (then zeros);
+    - ``params``: ``[P, NH, D]``, absent when the cell declares none.
+    """
 
     def __init__(
         self,
-        cell: CompiledCell | str | Path,
+        cell: CompiledCell,
         input_size: int,
         hidden_size: int,
-        num_heads: int = 1,
-        bias: bool = True,
-        batch_first: bool = True,
-        backend: str = "auto",
-        device: torch.device | str | None = None,
-        dtype: torch.dtype | None = None,
+        num_heads: int,
+        bias: bool,
+        kw: _Factory,
     ):
         super().__init__()
-        if not isinstance(cell, CompiledCell):
-            cell = load(cell)
-        if hidden_size % num_heads:
-            raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
-        self.cell = cell
-        self.input_size = input_size
-        self.hidden_size = hidden_size
-        self.num_heads = num_heads
-        self.head_dim = hidden_size // num_heads
-        self.batch_first = batch_first
-        self.backend = backend
-        kw: _Factory = {"device": device, "dtype": dtype}
-        NH, D = num_heads, self.head_dim
+        NH, D = num_heads, hidden_size // num_heads
         gx, gr, gb = len(cell.gx_names), len(cell.gr_names), len(cell.gb_names)
+        self.hidden_size = hidden_size
+        self.param_inits = tuple(p.init for p in cell.ir.params)
         self.input_proj = nn.Linear(input_size, gx * hidden_size, bias=bias, **kw) if gx else None
         self.R = nn.Parameter(torch.empty(gr, NH, D, D, **kw)) if gr else None
         self.b = nn.Parameter(torch.empty(gb, NH, D, **kw)) if gb and bias else None
         if gb and not bias:
             self.register_buffer("_zero_b", torch.zeros(gb, NH, D, **kw), persistent=False)
-        self.params = (
-            nn.Parameter(torch.empty(len(cell.param_names), NH, D, **kw))
-            if cell.param_names
-            else None
-        )
+        P = len(self.param_inits)
+        self.params = nn.Parameter(torch.empty(P, NH, D, **kw)) if P else None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -87,47 +83,290 @@ class RNN(nn.Module):
                 if w is not None:
                     w.uniform_(-k, k)
             if self.params is not None:
-                init = torch.tensor([p.init for p in self.cell.ir.params], dtype=self.params.dtype)
+                init = torch.tensor(self.param_inits, dtype=self.params.dtype)
                 self.params.copy_(init.view(-1, 1, 1).expand_as(self.params))
+
+    def bias(self) -> torch.Tensor | None:
+        """``b`` as the cell takes it: the zeros of ``bias=False`` where the cell has b terms."""
+        return self.b if self.b is not None else getattr(self, "_zero_b", None)
+
+
+class RNN(nn.Module):
+    """A stack of layers running a compiled cell; see the module docstring and docs/api.md."""
+
+    def __init__(
+        self,
+        cell: CompiledCell | str | Path,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 1,
+        num_heads: int = 1,
+        bias: bool = True,
+        batch_first: bool = True,
+        dropout: float = 0.0,
+        bidirectional: bool = False,
+        backend: str = "auto",
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+    ):
+        super().__init__()
+        if not isinstance(cell, CompiledCell):
+            cell = load(cell)
+        if hidden_size % num_heads:
+            raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
+        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
+            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
+        if isinstance(dropout, bool) or not isinstance(dropout, int | float):
+            raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
+        if not 0 <= dropout <= 1:
+            raise ValueError(f"dropout must be in [0, 1], got {dropout}")
+        if dropout > 0 and num_layers == 1:
+            warnings.warn(
+                f"dropout={dropout} acts between layers, and num_layers=1 has none",
+                UserWarning,
+                stacklevel=2,
+            )
+        self.cell = cell
+        self.input_size = input_size
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.num_heads = num_heads
+        self.head_dim = hidden_size // num_heads
+        self.bias = bias
+        self.batch_first = batch_first
+        self.dropout = float(dropout)
+        self.bidirectional = bidirectional
+        self.backend = backend
+        kw: _Factory = {"device": device, "dtype": dtype}
+        dirs = self.num_directions
+        #: One per (layer, direction) in ``nn.LSTM``'s ``h_n`` order: ``weights[l * dirs + d]``.
+        #: Layer ``l + 1`` takes all of layer ``l``'s output (``output_size`` features).
+        self.weights = nn.ModuleList(
+            CellWeights(
+                cell, input_size if k < dirs else self.output_size, hidden_size, num_heads, bias, kw
+            )
+            for k in range(num_layers * dirs)
+        )
+
+    @property
+    def num_directions(self) -> int:
+        return 2 if self.bidirectional else 1
 
     @property
     def output_size(self) -> int:
-        return len(self.cell.outputs) * self.hidden_size
+        """Features of ``out``: ``num_directions · O · hidden_size``."""
+        return self.num_directions * len(self.cell.outputs) * self.hidden_size
 
+    def reset_parameters(self) -> None:
+        for w in self.weights:
+            assert isinstance(w, CellWeights)
+            w.reset_parameters()
+
+    @classmethod
+    def from_torch(cls, module: nn.Module, *, backend: str = "auto") -> RNN:
+        """The layer equal to ``module`` (an ``nn.LSTM``, ``nn.GRU`` or ``nn.RNN``): its built-in
+        cell, sizes, options and a copy of its weights, on its device and dtype."""
+        from rnncc.runtime.torch_compat import from_torch
+
+        return from_torch(module, backend=backend)
+
+    def to_torch(self) -> nn.RNNBase:
+        """The ``nn.LSTM``/``GRU``/``RNN`` equal to this layer, with a copy of its weights; the
+        cell must be a built-in one (``rnncc.load_builtin``) and ``num_heads`` 1."""
+        from rnncc.runtime.torch_compat import to_torch
+
+        return to_torch(self)
+
+    # ---- calling -------------------------------------------------------------------------
     def forward(
-        self, x: torch.Tensor, states: torch.Tensor | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        if x.dim() != 3 or x.shape[-1] != self.input_size:
-            order = "[B, T, input_size]" if self.batch_first else "[T, B, input_size]"
-            raise ValueError(
-                f"x has shape {list(x.shape)}, expected {order} with input_size={self.input_size}"
-            )
-        if not self.batch_first:
-            x = x.transpose(0, 1)
-        B, T, _ = x.shape
-        NH, D = self.num_heads, self.head_dim
-        if self.input_proj is not None:
-            Wx = self.input_proj(x).view(B, T, len(self.cell.gx_names), NH, D)
-        else:
-            Wx = x.new_empty(B, T, 0, NH, D)
-        S = len(self.cell.state_names)
-        if states is not None:
-            if tuple(states.shape) != (S, B, self.hidden_size):
+        self,
+        x: torch.Tensor | PackedSequence,
+        states: States | None = None,
+        lengths: torch.Tensor | Sequence[int] | None = None,
+    ) -> tuple[torch.Tensor | PackedSequence, torch.Tensor]:
+        """``(out, last)``; docs/api.md gives the shapes."""
+        packed = x if isinstance(x, PackedSequence) else None
+        if packed is not None:
+            if lengths is not None:
                 raise ValueError(
-                    f"states has shape {list(states.shape)}, expected "
-                    f"[S={S}, B={B}, hidden_size={self.hidden_size}]"
+                    "lengths= is for padded tensors; a PackedSequence carries its own lengths"
                 )
-            states = states.reshape(S, B, NH, D)
-        b = self.b if self.b is not None else getattr(self, "_zero_b", None)
-        y, last = self.cell(Wx, self.R, b, states, self.params, backend=self.backend)
+            if packed.data.dim() != 2 or packed.data.shape[1] != self.input_size:
+                raise ValueError(
+                    f"x is a PackedSequence of data shape {_shape(packed.data)}, expected "
+                    f"[N, input_size={self.input_size}]"
+                )
+            x, lengths = pad_packed_sequence(packed, batch_first=True)
+        else:
+            if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size:
+                order = "[B, T, input_size]" if self.batch_first else "[T, B, input_size]"
+                got = f"shape {_shape(x)}" if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(
+                    f"x has {got}, expected {order} with input_size={self.input_size}, "
+                    "or a PackedSequence"
+                )
+            if not self.batch_first:
+                x = x.transpose(0, 1)
+        B, T, _ = x.shape
+        ctype = self._compute_dtype(x)
+        if lengths is not None:
+            if not isinstance(lengths, torch.Tensor):
+                lengths = torch.as_tensor(lengths)
+            lengths = validate_lengths(lengths, B, T, x.device)
+        init = self._initial_states(states, x, ctype)
+        dirs = self.num_directions
+        lasts: list[torch.Tensor] = []
+        with torch.autocast(x.device.type, enabled=False):  # casts are explicit, in _run
+            h = x
+            for layer in range(self.num_layers):
+                if layer and self.dropout:
+                    h = nn.functional.dropout(h, self.dropout, self.training)
+                ys = []
+                for d in range(dirs):
+                    k = layer * dirs + d
+                    start = None if init is None else init[:, k]
+                    y, last = self._run(k, h, start, lengths, d == 1, ctype)
+                    ys.append(y)
+                    lasts.append(last)
+                h = ys[0] if dirs == 1 else torch.cat(ys, dim=-1)
+        last = torch.stack(lasts, dim=1)
+        if packed is not None:
+            assert lengths is not None
+            return _packed_like(h, lengths, packed), last
+        return (h if self.batch_first else h.transpose(0, 1)), last
+
+    def _run(
+        self,
+        k: int,
+        x: torch.Tensor,
+        states: torch.Tensor | None,
+        lengths: torch.Tensor | None,
+        reverse: bool,
+        ctype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One (layer, direction): ``x`` ``[B, T, I]`` → ``out`` ``[B, T, O·H]``, ``last``
+        ``[S, B, H]``, every tensor cast to ``ctype`` (autocast's dtype, else the weights')."""
+        w = self.weights[k]
+        assert isinstance(w, CellWeights)
+        B, T, _ = x.shape
+        NH, D, S = self.num_heads, self.head_dim, len(self.cell.state_names)
+        if w.input_proj is not None:
+            proj = w.input_proj
+            Wx = nn.functional.linear(
+                _cast(x, ctype), _cast(proj.weight, ctype), _cast(proj.bias, ctype)
+            ).view(B, T, len(self.cell.gx_names), NH, D)
+        else:
+            Wx = x.new_empty(B, T, 0, NH, D, dtype=ctype)
+        y, last = self.cell(
+            Wx,
+            _cast(w.R, ctype),
+            _cast(w.bias(), ctype),
+            None if states is None else _cast(states.reshape(S, B, NH, D), ctype),
+            _cast(w.params, ctype),
+            backend=self.backend,
+            lengths=lengths,
+            reverse=reverse,
+        )
         O = y.shape[0]
-        out = y.permute(1, 2, 0, 3, 4).reshape(B, T, O * self.hidden_size)
-        if not self.batch_first:
-            out = out.transpose(0, 1)
-        return out, last.reshape(S, B, self.hidden_size)
+        return y.permute(1, 2, 0, 3, 4).reshape(B, T, O * self.hidden_size), last.reshape(
+            S, B, self.hidden_size
+        )
+
+    def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
+        p = next(self.parameters(), None)
+        return x.dtype if p is None else p.dtype
+
+    def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
+        """The dtype the cell runs in: autocast's for float32 weights where autocast is on for
+        ``x``'s device (fp32 master weights, as ``nn.LSTM``), else the weights' own."""
+        dtype = self._weights_dtype(x)
+        device = x.device.type
+        if dtype == torch.float32 and torch.is_autocast_enabled(device):
+            return torch.get_autocast_dtype(device)
+        if x.dtype != dtype:
+            raise ValueError(f"x has dtype {x.dtype}, expected {dtype} like the layer's weights")
+        return dtype
+
+    def _initial_states(
+        self, states: States | None, x: torch.Tensor, ctype: torch.dtype
+    ) -> torch.Tensor | None:
+        """``states`` as ``[S, L·dirs, B, H]``, checked against ``x``; None for the declared
+        initial values."""
+        if states is None:
+            return None
+        names = self.cell.state_names
+        S, K, B, H = len(names), self.num_layers * self.num_directions, x.shape[0], self.hidden_size
+        legend = (
+            f"[S={S} ({', '.join(names)}), num_layers*num_directions={K}, B={B}, hidden_size={H}]"
+        )
+        one = f"[num_layers*num_directions={K}, B={B}, hidden_size={H}]"
+        if isinstance(states, tuple | list):
+            if len(states) != S or not all(isinstance(s, torch.Tensor) for s in states):
+                raise ValueError(
+                    f"states as a tuple holds one tensor {one} per state of cell "
+                    f"'{self.cell.name}' ({', '.join(names)}); got "
+                    + (
+                        f"{len(states)} items"
+                        if len(states) != S
+                        else ", ".join(type(s).__name__ for s in states)
+                    )
+                )
+            for name, s in zip(names, states, strict=True):
+                if tuple(s.shape) != (K, B, H):
+                    raise ValueError(
+                        f"states[{names.index(name)}] ({name}) has shape {_shape(s)}, expected {one}"
+                    )
+            states = torch.stack(list(states))
+        elif not isinstance(states, torch.Tensor):
+            raise ValueError(
+                f"states must be a tensor {legend} or a tuple, got {type(states).__name__}"
+            )
+        elif S == 1 and states.dim() == 3:
+            states = states.unsqueeze(0)  # h0 of nn.GRU and nn.RNN
+        if tuple(states.shape) != (S, K, B, H):
+            raise ValueError(f"states has shape {_shape(states)}, expected {legend}")
+        if states.device != x.device:
+            raise ValueError(f"states is on {states.device}, expected {x.device} like x")
+        if states.dtype not in (ctype, self._weights_dtype(x)):
+            raise ValueError(
+                f"states has dtype {states.dtype}, expected {self._weights_dtype(x)} like the "
+                "layer's weights"
+            )
+        return states
 
     def extra_repr(self) -> str:
-        return (
-            f"cell={self.cell.name}, input_size={self.input_size}, hidden_size={self.hidden_size}, "
-            f"num_heads={self.num_heads}, batch_first={self.batch_first}, backend={self.backend!r}"
-        )
+        parts = [
+            f"cell={self.cell.name}",
+            f"input_size={self.input_size}",
+            f"hidden_size={self.hidden_size}",
+            f"num_layers={self.num_layers}",
+            f"num_heads={self.num_heads}",
+        ]
+        if not self.bias:
+            parts.append("bias=False")
+        parts.append(f"batch_first={self.batch_first}")
+        if self.dropout:
+            parts.append(f"dropout={self.dropout}")
+        if self.bidirectional:
+            parts.append("bidirectional=True")
+        parts.append(f"backend={self.backend!r}")
+        return ", ".join(parts)
+
+
+@overload
+def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
+@overload
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None: ...
+def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    return None if t is None else t.to(dtype)
+
+
+def _packed_like(out: torch.Tensor, lengths: torch.Tensor, like: PackedSequence) -> PackedSequence:
+    """``out`` ``[B, T, F]`` (batch in the caller's order) packed in ``like``'s layout: its
+    batch sizes and sort order, as ``nn.LSTM`` returns a packed output."""
+    order = like.sorted_indices
+    if order is not None:
+        out = out.index_select(0, order.to(out.device))
+        lengths = lengths.index_select(0, order.to(lengths.device))
+    data = pack_padded_sequence(out, lengths.cpu(), batch_first=True).data
+    return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)

@@ -1,12 +1,17 @@
-"""``rnncc.RNN``: parameters, output layouts, options, errors and gradients."""
+"""``rnncc.RNN``: parameters, output layouts, stacked and bidirectional layers, states, lengths
+and packed input, dropout, autocast, options, errors and gradients. Equality with torch's
+modules is tests/runtime/test_torch_compat.py's."""
 
 from __future__ import annotations
 
 import math
+import re
+import warnings
 from pathlib import Path
 
 import pytest
 import torch
+from torch.nn.utils.rnn import pack_padded_sequence
 
 import rnncc
 
@@ -20,8 +25,14 @@ def layer(name: str, **kwargs) -> rnncc.RNN:
     return rnncc.RNN(rnncc.load(EXAMPLES / f"{name}.rnn"), IN, H, **kwargs)
 
 
-def param_shapes(module: torch.nn.Module) -> dict[str, tuple[int, ...]]:
-    return {n: tuple(p.shape) for n, p in module.named_parameters()}
+def param_shapes(module: torch.nn.Module, k: int = 0) -> dict[str, tuple[int, ...]]:
+    """The parameters of ``module.weights[k]`` (one layer and direction), by name."""
+    prefix = f"weights.{k}."
+    return {
+        n.removeprefix(prefix): tuple(p.shape)
+        for n, p in module.named_parameters()
+        if n.startswith(prefix)
+    }
 
 
 def test_lstm_parameters() -> None:
@@ -35,13 +46,19 @@ def test_lstm_parameters() -> None:
 
 def test_gru_parameters() -> None:
     m = layer("gru")
+    assert {n for n, _ in m.named_parameters()} == {
+        "weights.0.input_proj.weight",
+        "weights.0.input_proj.bias",
+        "weights.0.R",
+        "weights.0.b",
+    }
     assert param_shapes(m) == {
         "input_proj.weight": (3 * H, IN),
         "input_proj.bias": (3 * H,),
         "R": (3, 1, H, H),
         "b": (3, 1, H),
     }
-    assert m.params is None
+    assert m.weights[0].params is None
 
 
 def test_parameters_of_a_cell_with_params() -> None:
@@ -58,7 +75,7 @@ def test_parameters_of_a_cell_with_params() -> None:
 
 def test_parameters_of_cells_without_r() -> None:
     m = layer("indrnn", num_heads=NH)
-    assert m.R is None
+    assert m.weights[0].R is None
     assert param_shapes(m) == {
         "input_proj.weight": (H, IN),
         "input_proj.bias": (H,),
@@ -66,7 +83,7 @@ def test_parameters_of_cells_without_r() -> None:
         "params": (1, NH, 3),
     }
     lru = layer("lru")  # no R, no b
-    assert lru.R is None and lru.b is None
+    assert lru.weights[0].R is None and lru.weights[0].b is None
     assert set(param_shapes(lru)) == {"input_proj.weight", "input_proj.bias", "params"}
 
 
@@ -74,19 +91,19 @@ def test_initialisation() -> None:
     m = layer("peephole_lstm")
     k = 1 / math.sqrt(H)
     for name in ("input_proj.weight", "input_proj.bias", "R", "b"):
-        p = m.get_parameter(name)
+        p = m.get_parameter(f"weights.0.{name}")
         assert p.abs().max() <= k and p.std() > k / 4, name
-    assert torch.equal(m.params, torch.zeros(3, 1, H))
+    assert torch.equal(m.weights[0].params, torch.zeros(3, 1, H))
 
 
 def test_params_start_at_declared_values() -> None:
-    assert torch.equal(layer("indrnn", num_heads=NH).params, torch.full((1, NH, 3), 0.5))
-    assert torch.equal(layer("lru").params, torch.full((1, 1, H), -3.0))
-    m = layer("indrnn")
+    assert torch.equal(layer("indrnn", num_heads=NH).weights[0].params, torch.full((1, NH, 3), 0.5))
+    assert torch.equal(layer("lru").weights[0].params, torch.full((1, 1, H), -3.0))
+    m = layer("indrnn", num_layers=2)
     with torch.no_grad():
-        m.params.zero_()
+        m.weights[1].params.zero_()
     m.reset_parameters()
-    assert torch.equal(m.params, torch.full((1, 1, H), 0.5))
+    assert torch.equal(m.weights[1].params, torch.full((1, 1, H), 0.5))
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm", "slstm", "indrnn", "sru"])
@@ -95,19 +112,20 @@ def test_output_shapes(name: str) -> None:
     cell = m.cell
     out, last = m(torch.randn(B, T, IN))
     assert out.shape == (B, T, len(cell.outputs) * H)
-    assert last.shape == (len(cell.state_names), B, H)
+    assert last.shape == (len(cell.state_names), 1, B, H)
 
 
 def test_outputs_are_the_cell_outputs_concatenated() -> None:
     m = layer("peephole_lstm", num_heads=NH)
     x = torch.randn(B, T, IN)
     out, last = m(x)
-    Wx = m.input_proj(x).view(B, T, 4, NH, H // NH)
-    y, last_cell = m.cell(Wx, m.R, m.b, None, m.params)
+    w = m.weights[0]
+    Wx = w.input_proj(x).view(B, T, 4, NH, H // NH)
+    y, last_cell = m.cell(Wx, w.R, w.b, None, w.params)
     torch.testing.assert_close(out[..., :H], y[0].reshape(B, T, H))  # h
     torch.testing.assert_close(out[..., H:], y[1].reshape(B, T, H))  # c
-    torch.testing.assert_close(last, last_cell.reshape(2, B, H))
-    torch.testing.assert_close(out[:, -1], last.permute(1, 0, 2).reshape(B, 2 * H))
+    torch.testing.assert_close(last, last_cell.reshape(2, 1, B, H))
+    torch.testing.assert_close(out[:, -1], last[:, 0].permute(1, 0, 2).reshape(B, 2 * H))
 
 
 def test_batch_first_false() -> None:
@@ -117,7 +135,7 @@ def test_batch_first_false() -> None:
     x = torch.randn(B, T, IN)
     out1, last1 = first(x)
     out2, last2 = second(x.transpose(0, 1))
-    assert out2.shape == (T, B, H) and last2.shape == (2, B, H)
+    assert out2.shape == (T, B, H) and last2.shape == (2, 1, B, H)
     torch.testing.assert_close(out2, out1.transpose(0, 1))
     torch.testing.assert_close(last2, last1)
 
@@ -125,10 +143,10 @@ def test_batch_first_false() -> None:
 def test_bias_false() -> None:
     m = layer("lstm", bias=False)
     assert param_shapes(m) == {"input_proj.weight": (4 * H, IN), "R": (4, 1, H, H)}
-    assert m.b is None
+    assert m.weights[0].b is None
     out, _ = m(torch.zeros(B, T, IN))
     assert torch.equal(out, torch.zeros(B, T, H))  # no bias anywhere: zero in, zero out
-    assert m.state_dict().keys() == {"input_proj.weight", "R"}
+    assert m.state_dict().keys() == {"weights.0.input_proj.weight", "weights.0.R"}
 
 
 def test_num_heads_must_divide_hidden_size() -> None:
@@ -140,28 +158,32 @@ def test_wrong_x_shape() -> None:
     m = layer("gru")
     with pytest.raises(ValueError) as err:
         m(torch.randn(B, T, IN + 1))
-    assert str(err.value) == "x has shape [3, 4, 6], expected [B, T, input_size] with input_size=5"
+    tail = " with input_size=5, or a PackedSequence"
+    assert str(err.value) == "x has shape [3, 4, 6], expected [B, T, input_size]" + tail
     with pytest.raises(ValueError) as err:
         m(torch.randn(B, IN))
-    assert str(err.value) == "x has shape [3, 5], expected [B, T, input_size] with input_size=5"
+    assert str(err.value) == "x has shape [3, 5], expected [B, T, input_size]" + tail
     with pytest.raises(ValueError) as err:
         layer("gru", batch_first=False)(torch.randn(T, B, 2))
-    assert str(err.value) == "x has shape [4, 3, 2], expected [T, B, input_size] with input_size=5"
+    assert str(err.value) == "x has shape [4, 3, 2], expected [T, B, input_size]" + tail
 
 
 def test_initial_states() -> None:
     m = layer("lstm", num_heads=NH)
     x = torch.randn(B, T, IN)
-    zeros = torch.zeros(2, B, H)
+    zeros = torch.zeros(2, 1, B, H)
     torch.testing.assert_close(m(x, zeros), m(x))
-    states = torch.randn(2, B, H)
+    states = torch.randn(2, 1, B, H)
     out, last = m(x, states)
     assert not torch.allclose(out, m(x)[0])
     # the states are split into heads like the hidden units
-    Wx = m.input_proj(x).view(B, T, 4, NH, H // NH)
-    y, last_cell = m.cell(Wx, m.R, m.b, states.view(2, B, NH, H // NH))
+    w = m.weights[0]
+    Wx = w.input_proj(x).view(B, T, 4, NH, H // NH)
+    y, last_cell = m.cell(Wx, w.R, w.b, states.view(2, B, NH, H // NH))
     torch.testing.assert_close(out, y[0].reshape(B, T, H))
-    torch.testing.assert_close(last, last_cell.reshape(2, B, H))
+    torch.testing.assert_close(last, last_cell.reshape(2, 1, B, H))
+    # nn.LSTM's (h0, c0) is the same
+    torch.testing.assert_close(m(x, (states[0], states[1])), (out, last))
     # a sequence run in two halves equals the whole
     out1, mid = m(x[:, :2])
     out2, last2 = m(x[:, 2:], mid)
@@ -173,14 +195,17 @@ def test_wrong_states_shape() -> None:
     m = layer("lstm")
     with pytest.raises(ValueError) as err:
         m(torch.randn(B, T, IN), torch.zeros(1, B, H))
-    assert str(err.value) == "states has shape [1, 3, 6], expected [S=2, B=3, hidden_size=6]"
+    assert str(err.value) == (
+        "states has shape [1, 3, 6], expected "
+        "[S=2 (h, c), num_layers*num_directions=1, B=3, hidden_size=6]"
+    )
 
 
 @pytest.mark.parametrize("name", ["lstm", "gru", "peephole_lstm", "indrnn", "lru", "sru"])
 def test_backward_reaches_every_parameter(name: str) -> None:
     m = layer(name, num_heads=NH)
     x = torch.randn(B, T, IN, requires_grad=True)
-    states = torch.randn(len(m.cell.state_names), B, H, requires_grad=True)
+    states = torch.randn(len(m.cell.state_names), 1, B, H, requires_grad=True)
     out, last = m(x, states)
     (out.square().sum() + last.square().sum()).backward()
     for pname, p in m.named_parameters():
@@ -200,16 +225,17 @@ def test_constructing_from_a_path() -> None:
         m = rnncc.RNN(path, IN, H)
         assert isinstance(m.cell, rnncc.CompiledCell) and m.cell.name == "gru"
         assert m(torch.randn(B, T, IN))[0].shape == (B, T, H)
-    assert "cell=gru, input_size=5, hidden_size=6, num_heads=1" in repr(m)
+    assert "cell=gru, input_size=5, hidden_size=6, num_layers=1, num_heads=1" in repr(m)
 
 
-def test_a_module_survives_checkpointing(tmp_path) -> None:
+@pytest.mark.parametrize("kw", [{}, {"num_layers": 2, "bidirectional": True}], ids=["1", "2x2"])
+def test_a_module_survives_checkpointing(tmp_path, kw) -> None:
     """Training scripts save whole models, deep-copy them (weight averaging) and pickle them
     into worker processes: each copy gives the original's results."""
     import copy
     import pickle
 
-    m = layer("slstm", num_heads=NH)
+    m = layer("slstm", num_heads=NH, **kw)
     x = torch.randn(B, T, IN)
     out, last = m(x)
     torch.save(m, tmp_path / "m.pt")
@@ -223,3 +249,191 @@ def test_a_module_survives_checkpointing(tmp_path) -> None:
         assert c is not m and c.cell.name == "slstm"
         out2, last2 = c(x)
         assert torch.equal(out, out2) and torch.equal(last, last2)
+
+
+# ---- stacked and bidirectional layers ----------------------------------------------------
+def test_stacked_bidirectional_parameters() -> None:
+    m = layer("peephole_lstm", num_heads=NH, num_layers=3, bidirectional=True)
+    assert len(m.weights) == 6 and m.output_size == 2 * 2 * H  # two directions of h, c
+    assert param_shapes(m, 1)["input_proj.weight"] == (4 * H, IN)  # layer 0, reverse
+    for k in range(2, 6):  # later layers take the whole output of the one below
+        assert param_shapes(m, k)["input_proj.weight"] == (4 * H, 4 * H)
+    out, last = m(torch.randn(B, T, IN))
+    assert out.shape == (B, T, 4 * H) and last.shape == (2, 6, B, H)
+
+
+def test_stack_is_its_cell_calls_composed() -> None:
+    """Layer by layer, direction by direction: the reverse direction is the cell called with
+    ``reverse=True``, layer l + 1 takes layer l's directions concatenated (direction-major,
+    then the outputs h, c), and ``last`` holds each (layer, direction) in h_n order."""
+    m = layer("peephole_lstm", num_heads=NH, num_layers=2, bidirectional=True).double()
+    x = torch.randn(B, T, IN, dtype=torch.float64)
+    states = torch.randn(2, 4, B, H, dtype=torch.float64)
+    lengths = torch.tensor([4, 1, 3])
+    out, last = m(x, states, lengths=lengths)
+    h, lasts = x, []
+    for l in range(2):
+        ys = []
+        for d in range(2):
+            w = m.weights[2 * l + d]
+            Wx = w.input_proj(h).view(B, T, 4, NH, H // NH)
+            s0 = states[:, 2 * l + d].reshape(2, B, NH, H // NH)
+            y, lst = m.cell(Wx, w.R, w.b, s0, w.params, lengths=lengths, reverse=d == 1)
+            ys.append(y.permute(1, 2, 0, 3, 4).reshape(B, T, 2 * H))
+            lasts.append(lst.reshape(2, B, H))
+        h = torch.cat(ys, -1)
+    torch.testing.assert_close(out, h, rtol=0, atol=0)
+    torch.testing.assert_close(last, torch.stack(lasts, 1), rtol=0, atol=0)
+    assert torch.equal(out[1, 1:], torch.zeros(T - 1, 4 * H, dtype=torch.float64))
+
+
+def test_lengths_and_packed_input_agree() -> None:
+    m = layer("gru", num_layers=2, bidirectional=True)
+    x = torch.randn(B, T, IN)
+    lengths = [2, 4, 1]
+    out, last = m(x, lengths=lengths)
+    packed_out, packed_last = m(pack_padded_sequence(x, lengths, True, enforce_sorted=False))
+    torch.testing.assert_close(packed_last, last)
+    again = pack_padded_sequence(out, lengths, True, enforce_sorted=False)
+    torch.testing.assert_close(packed_out.data, again.data)
+    assert torch.equal(packed_out.batch_sizes, again.batch_sizes)
+    assert torch.equal(packed_out.sorted_indices, again.sorted_indices)
+
+
+def test_states_as_torch_takes_them() -> None:
+    gru = layer("gru", num_layers=2)
+    x = torch.randn(B, T, IN)
+    h0 = torch.randn(2, B, H)
+    torch.testing.assert_close(gru(x, h0), gru(x, h0[None]))  # GRU's h0 [L, B, H]
+    lstm = layer("lstm", num_layers=2)
+    h0, c0 = torch.randn(2, 2, B, H)
+    torch.testing.assert_close(lstm(x, (h0, c0)), lstm(x, torch.stack([h0, c0])))
+
+
+def _raises(message: str, fn, *args, **kwargs) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        fn(*args, **kwargs)
+
+
+def test_wrong_states_lengths_and_packed_input() -> None:
+    m = layer("lstm", num_layers=2, bidirectional=True)
+    x = torch.randn(B, T, IN)
+    one = "[num_layers*num_directions=4, B=3, hidden_size=6]"
+    _raises(
+        "states has shape [2, 2, 3, 6], expected "
+        "[S=2 (h, c), num_layers*num_directions=4, B=3, hidden_size=6]",
+        m,
+        x,
+        torch.zeros(2, 2, B, H),
+    )
+    _raises(
+        f"states as a tuple holds one tensor {one} per state of cell 'lstm' (h, c); got 1 items",
+        m,
+        x,
+        (torch.zeros(4, B, H),),
+    )
+    _raises(
+        f"states[1] (c) has shape [4, 2, 6], expected {one}",
+        m,
+        x,
+        (torch.zeros(4, B, H), torch.zeros(4, 2, H)),
+    )
+    _raises(
+        "states has dtype torch.float64, expected torch.float32 like the layer's weights",
+        m,
+        x,
+        torch.zeros(2, 4, B, H, dtype=torch.float64),
+    )
+    _raises(
+        "x has dtype torch.float64, expected torch.float32 like the layer's weights",
+        m,
+        x.double(),
+    )
+    _raises(
+        "lengths has shape [2] (dtype torch.int64, on cpu), expected [B=3] integers in 1..T=4",
+        m,
+        x,
+        lengths=[1, 2],
+    )
+    _raises(
+        "lengths[2] = 5 (dtype torch.int64, on cpu) is outside 1..T=4: every row runs at "
+        "least one and at most T steps",
+        m,
+        x,
+        lengths=torch.tensor([1, 2, 5]),
+    )
+    packed = pack_padded_sequence(x, [4, 1, 2], True, enforce_sorted=False)
+    _raises(
+        "lengths= is for padded tensors; a PackedSequence carries its own lengths",
+        m,
+        packed,
+        lengths=[4, 1, 2],
+    )
+    wide = pack_padded_sequence(torch.randn(B, T, IN + 1), [4, 1, 2], True, enforce_sorted=False)
+    _raises(
+        "x is a PackedSequence of data shape [7, 6], expected [N, input_size=5]",
+        m,
+        wide,
+    )
+
+
+def test_bad_options() -> None:
+    _raises("num_layers must be a positive int, got 0", layer, "lstm", num_layers=0)
+    _raises("dropout must be in [0, 1], got 1.5", layer, "lstm", num_layers=2, dropout=1.5)
+    with pytest.warns(UserWarning, match="num_layers=1 has none"):
+        layer("lstm", dropout=0.5)
+
+
+def test_dropout_between_layers_in_training_only() -> None:
+    m = layer("lstm", num_layers=2, dropout=0.5)
+    x = torch.randn(B, T, IN)
+    m.eval()
+    out, _ = m(x)
+    m.train()
+    torch.manual_seed(1)
+    out_a, _ = m(x)
+    torch.manual_seed(1)
+    out_b, _ = m(x)
+    assert torch.equal(out_a, out_b) and not torch.allclose(out_a, out)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        one = layer("lstm", num_layers=1)
+    one.train()
+    torch.testing.assert_close(one(x), one.eval()(x), rtol=0, atol=0)  # nothing to drop
+
+
+def test_autocast_runs_the_cell_in_16_bit_with_fp32_master_weights() -> None:
+    """As nn.LSTM under autocast: inputs and weights cast to the autocast dtype for the call,
+    the gradients reaching the float32 weights in float32."""
+    m = layer("lstm", num_layers=2, bidirectional=True, backend="reference")
+    x = torch.randn(B, T, IN)
+    states = torch.randn(2, 4, B, H)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out, last = m(x, states, lengths=[4, 2, 3])
+    assert out.dtype == last.dtype == torch.bfloat16
+    (out.float().square().sum() + last.float().sum()).backward()
+    for name, p in m.named_parameters():
+        assert p.dtype == p.grad.dtype == torch.float32, name
+    # exactly the layer with its weights rounded to bf16, run on bf16 inputs
+    low = layer("lstm", num_layers=2, bidirectional=True, dtype=torch.bfloat16)
+    low.load_state_dict(m.state_dict())
+    expected = low(x.bfloat16(), states.bfloat16(), lengths=[4, 2, 3])
+    torch.testing.assert_close((out, last), expected, rtol=0, atol=0)
+
+
+# ---- built-in cells ----------------------------------------------------------------------
+def test_builtin_cells_are_the_examples() -> None:
+    """The built-in cells ship inside the package; the examples of the same name are the
+    same files, so there is one text of each cell."""
+    from rnncc.resources import builtin_cell_path, builtin_cells
+
+    assert builtin_cells() == ("elman", "elman_relu", "gru", "lstm")
+    for name in ("elman", "gru", "lstm"):
+        assert builtin_cell_path(name).read_bytes() == (EXAMPLES / f"{name}.rnn").read_bytes()
+        assert rnncc.load_builtin(name).source() == rnncc.load(EXAMPLES / f"{name}.rnn").source()
+    assert "relu(a)" in rnncc.load_builtin("elman_relu").source()
+    _raises(
+        "rnncc: no built-in cell 'lsmt'; the built-in cells are elman, elman_relu, gru, lstm",
+        rnncc.load_builtin,
+        "lsmt",
+    )

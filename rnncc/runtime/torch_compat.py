@@ -1,0 +1,126 @@
+"""``rnncc.RNN`` from and to ``torch.nn.LSTM``, ``GRU`` and ``RNN`` (tanh, relu).
+
+Each torch module has a built-in cell that computes exactly what it does (``rnncc/cells``):
+its gates in torch's order (LSTM i, f, g, o; GRU r, z, n), ``weight_ih`` and ``bias_ih`` as
+the input projection, ``weight_hh`` as ``R`` (one head) and ``bias_hh`` as ``b`` (for GRU the
+``b_hn`` inside the reset product, as torch has it). So converting copies tensors and reshapes
+them, nothing else. ``proj_size`` has no counterpart and is refused.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import torch
+from torch import nn
+
+from rnncc.runtime.api import load_builtin
+from rnncc.runtime.module import RNN, CellWeights
+
+#: The built-in cell of each torch module, by (class, nonlinearity).
+BUILTIN_OF: dict[tuple[type[nn.RNNBase], str | None], str] = {
+    (nn.LSTM, None): "lstm",
+    (nn.GRU, None): "gru",
+    (nn.RNN, "tanh"): "elman",
+    (nn.RNN, "relu"): "elman_relu",
+}
+
+
+def _builtin_name(module: nn.Module) -> str:
+    for (cls, nonlinearity), name in BUILTIN_OF.items():
+        if type(module) is cls and getattr(module, "nonlinearity", None) == nonlinearity:
+            return name
+    raise ValueError(
+        f"RNN.from_torch takes torch.nn.LSTM, GRU or RNN (tanh or relu), got {type(module).__name__}"
+        + (f" with nonlinearity={module.nonlinearity!r}" if isinstance(module, nn.RNN) else "")
+    )
+
+
+@cache
+def _builtin_source(name: str) -> str:
+    return load_builtin(name).source()
+
+
+def _suffixes(layer: RNN) -> list[str]:
+    """torch's parameter suffix of each ``layer.weights[k]``: ``_l0``, ``_l0_reverse``, ..."""
+    dirs = layer.num_directions
+    return [f"_l{k // dirs}" + ("_reverse" if k % dirs else "") for k in range(len(layer.weights))]
+
+
+def from_torch(module: nn.Module, *, backend: str = "auto") -> RNN:
+    """See ``RNN.from_torch``."""
+    name = _builtin_name(module)
+    assert isinstance(module, nn.RNNBase)
+    if module.proj_size > 0:
+        raise ValueError(
+            f"{type(module).__name__} with proj_size={module.proj_size} has no rnncc counterpart "
+            "(rnncc.RNN has no output projection)"
+        )
+    ref = module.weight_ih_l0
+    layer = RNN(
+        load_builtin(name),
+        module.input_size,
+        module.hidden_size,
+        num_layers=module.num_layers,
+        bias=module.bias,
+        batch_first=module.batch_first,
+        dropout=module.dropout,
+        bidirectional=module.bidirectional,
+        backend=backend,
+        device=ref.device,
+        dtype=ref.dtype,
+    )
+    layer.train(module.training)
+    _copy(layer, module, to_torch=False)
+    return layer
+
+
+def to_torch(layer: RNN) -> nn.RNNBase:
+    """See ``RNN.to_torch``."""
+    source = layer.cell.source()
+    found = next((key for key, name in BUILTIN_OF.items() if _builtin_source(name) == source), None)
+    if found is None:
+        raise ValueError(
+            f"cell '{layer.cell.name}' is not a built-in cell of torch's modules "
+            f"({', '.join(BUILTIN_OF.values())}): it has no torch equivalent"
+        )
+    if layer.num_heads != 1:
+        raise ValueError(
+            f"num_heads={layer.num_heads}: torch's modules have one head (a dense R); "
+            "only num_heads=1 converts"
+        )
+    cls, nonlinearity = found
+    p = next(layer.parameters())
+    extra = {} if nonlinearity is None else {"nonlinearity": nonlinearity}
+    module = cls(
+        layer.input_size,
+        layer.hidden_size,
+        num_layers=layer.num_layers,
+        bias=layer.bias,
+        batch_first=layer.batch_first,
+        dropout=layer.dropout,
+        bidirectional=layer.bidirectional,
+        device=p.device,
+        dtype=p.dtype,
+        **extra,
+    )
+    module.train(layer.training)
+    _copy(layer, module, to_torch=True)
+    return module
+
+
+def _copy(layer: RNN, module: nn.RNNBase, *, to_torch: bool) -> None:
+    """Copy every weight between ``layer`` and ``module``, in the direction ``to_torch`` says."""
+    with torch.no_grad():
+        for w, sfx in zip(layer.weights, _suffixes(layer), strict=True):
+            assert isinstance(w, CellWeights) and w.input_proj is not None and w.R is not None
+            pairs = [(w.input_proj.weight, f"weight_ih{sfx}"), (w.R, f"weight_hh{sfx}")]
+            if layer.bias:
+                assert w.input_proj.bias is not None and w.b is not None
+                pairs += [(w.input_proj.bias, f"bias_ih{sfx}"), (w.b, f"bias_hh{sfx}")]
+            for ours, theirs_name in pairs:
+                theirs = getattr(module, theirs_name)
+                if to_torch:
+                    theirs.copy_(ours.reshape(theirs.shape))
+                else:
+                    ours.copy_(theirs.reshape(ours.shape))

@@ -1,0 +1,146 @@
+"""``rnncc.RNN.from_torch`` / ``to_torch`` against torch.nn.LSTM, GRU and RNN (tanh, relu) in
+float64 on the reference backend: outputs, last states, the gradients of the input, the initial
+states and the weights (one SGD step) equal torch's to 1e-9, over stacked, bidirectional,
+batch-first, padded and packed (unsorted lengths) inputs, with and without initial states."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+import rnncc
+
+MODULES = {
+    "lstm": (nn.LSTM, {}),
+    "gru": (nn.GRU, {}),
+    "rnn_tanh": (nn.RNN, {"nonlinearity": "tanh"}),
+    "rnn_relu": (nn.RNN, {"nonlinearity": "relu"}),
+}
+B, T, I, H = 3, 4, 3, 2
+LENGTHS = [2, 4, 1]  # unsorted, one row of full length, one of a single step
+TOL = {"rtol": 1e-9, "atol": 1e-9}
+
+
+def _torch_module(kind: str, seed: int = 0, **options) -> nn.RNNBase:
+    cls, kw = MODULES[kind]
+    torch.manual_seed(seed)
+    return cls(I, H, dtype=torch.float64, **kw, **options)
+
+
+def _run(module, x, states, lengths, how: str, cot: dict | None):
+    """``(out, last)`` as tensors (a packed output as its data), and the loss's gradients
+    with ``cot`` (None: drawn here) as cotangents."""
+    first = module.batch_first
+    ours = isinstance(module, rnncc.RNN)
+    if how == "packed" or (how == "padded" and not ours):  # torch takes lengths packed only
+        inp = pack_padded_sequence(x, lengths, first, enforce_sorted=False)
+    else:
+        inp = x
+    if ours:
+        out, last = module(inp, states, lengths=lengths if how == "padded" else None)
+    else:
+        out, last = module(inp, states)
+        last = torch.stack(last) if isinstance(last, tuple) else last[None]
+    if isinstance(out, PackedSequence):
+        batch_sizes = out.batch_sizes
+        out = pad_packed_sequence(out, first, total_length=T)[0] if how == "padded" else out.data
+    else:
+        batch_sizes = None
+    if cot is None:
+        g = torch.Generator().manual_seed(1)
+        cot = {
+            k: torch.randn(v.shape, generator=g, dtype=v.dtype)
+            for k, v in (("out", out), ("last", last))
+        }
+    loss = (out * cot["out"]).sum() + (last * cot["last"]).sum()
+    return out, last, batch_sizes, loss, cot
+
+
+@pytest.mark.parametrize("how", ["full", "padded", "packed"])
+@pytest.mark.parametrize("with_states", [False, True], ids=["zero-states", "states"])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-first"])
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["uni", "bi"])
+@pytest.mark.parametrize("num_layers", [1, 2, 3])
+@pytest.mark.parametrize("kind", MODULES)
+def test_equals_torch(kind, num_layers, bidirectional, batch_first, with_states, how):
+    theirs = _torch_module(
+        kind, num_layers=num_layers, bidirectional=bidirectional, batch_first=batch_first
+    )
+    ours = rnncc.RNN.from_torch(theirs, backend="reference")
+    K = num_layers * (2 if bidirectional else 1)
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn((B, T, I) if batch_first else (T, B, I), generator=g, dtype=torch.float64)
+    S = 2 if kind == "lstm" else 1
+    s0 = torch.randn(S, K, B, H, generator=g, dtype=torch.float64)
+    lengths = None if how == "full" else LENGTHS
+
+    results = []
+    cot = None
+    for module in (theirs, ours):
+        xg = x.clone().requires_grad_()
+        states = [s.clone().requires_grad_() for s in s0] if with_states else []
+        given = None if not states else (tuple(states) if kind == "lstm" else states[0])
+        out, last, batch_sizes, loss, cot = _run(module, xg, given, lengths, how, cot)
+        loss.backward()
+        torch.optim.SGD(module.parameters(), lr=0.5).step()
+        results.append((out, last, batch_sizes, xg.grad, [s.grad for s in states]))
+    (out_t, last_t, bs_t, dx_t, ds_t), (out_o, last_o, bs_o, dx_o, ds_o) = results
+    torch.testing.assert_close(out_o, out_t, **TOL)
+    torch.testing.assert_close(last_o, last_t, **TOL)
+    if bs_t is not None and how == "packed":
+        assert torch.equal(bs_o, bs_t)
+    torch.testing.assert_close(dx_o, dx_t, **TOL)
+    for a, b in zip(ds_o, ds_t, strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+    # one SGD step on each: the same weights after it
+    back = dict(ours.to_torch().named_parameters())
+    for name, p in theirs.named_parameters():
+        torch.testing.assert_close(back[name], p, **TOL, msg=name)
+
+
+@pytest.mark.parametrize("kind", MODULES)
+def test_options_round_trip(kind):
+    theirs = _torch_module(
+        kind, num_layers=2, bias=False, batch_first=True, dropout=0.25, bidirectional=True
+    )
+    ours = rnncc.RNN.from_torch(theirs)
+    assert (ours.num_layers, ours.bias, ours.batch_first, ours.dropout, ours.bidirectional) == (
+        2,
+        False,
+        True,
+        0.25,
+        True,
+    )
+    assert ours.weights[0].b is None and ours.weights[0].input_proj.bias is None
+    back = ours.to_torch()
+    assert type(back) is type(theirs) and back.dropout == 0.25 and not back.bias
+    assert getattr(back, "nonlinearity", None) == getattr(theirs, "nonlinearity", None)
+    assert back.state_dict().keys() == theirs.state_dict().keys()
+    for (name, a), b in zip(back.state_dict().items(), theirs.state_dict().values(), strict=True):
+        assert torch.equal(a, b), name
+    x = torch.randn(B, T, I, dtype=torch.float64)
+    theirs.eval(), ours.eval()
+    out_t, _ = theirs(x)
+    out_o, _ = ours(x)
+    torch.testing.assert_close(out_o, out_t, **TOL)
+
+
+def test_from_torch_refuses_what_has_no_counterpart():
+    with pytest.raises(ValueError, match=r"^LSTM with proj_size=2 has no rnncc counterpart"):
+        rnncc.RNN.from_torch(nn.LSTM(I, 4, proj_size=2))
+    with pytest.raises(ValueError, match=r"^RNN.from_torch takes torch.nn.LSTM, GRU or RNN"):
+        rnncc.RNN.from_torch(nn.Linear(I, H))
+
+
+def test_to_torch_needs_a_builtin_cell_and_one_head():
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    with pytest.raises(ValueError, match=r"^cell 'slstm' is not a built-in cell"):
+        rnncc.RNN(examples / "slstm.rnn", I, 4).to_torch()
+    with pytest.raises(ValueError, match=r"^num_heads=2: torch's modules have one head"):
+        rnncc.RNN(rnncc.load_builtin("lstm"), I, 4, num_heads=2).to_torch()
+    # the example files are the built-in cells
+    assert isinstance(rnncc.RNN(examples / "gru.rnn", I, 4).to_torch(), nn.GRU)
