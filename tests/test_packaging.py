@@ -98,10 +98,11 @@ def _check_installed(python: Path, outside: Path, expected_root: Path) -> None:
         "print(rnncc.__file__)\n"
         "print(r.grammar_path())\n"
         "print(r.templates_dir())\n"
+        "print(r.builtin_cell_path('lstm'))\n"
     )
-    module, grammar, templates = _run([python, "-c", probe], cwd=outside).splitlines()
+    module, grammar, templates, lstm = _run([python, "-c", probe], cwd=outside).splitlines()
     root = expected_root.resolve()
-    for shown in (module, grammar, templates):
+    for shown in (module, grammar, templates, lstm):
         assert Path(shown).resolve().is_relative_to(root), f"{shown} is not under {root}"
     assert Path(grammar).name == "rnncc.lark" and Path(grammar).is_file()
     assert Path(templates).is_dir()
@@ -135,6 +136,8 @@ def test_wheel_contents(wheel: Path) -> None:
         assert expected <= names, f"not in the wheel: {sorted(expected - names)}"
     modules = {f"rnncc/{name}" for name in _files_under(REPO / "rnncc") if name.endswith(".py")}
     assert modules <= names, f"not in the wheel: {sorted(modules - names)}"
+    cells = {f"rnncc/cells/{p.name}" for p in (REPO / "rnncc" / "cells").glob("*.rnn")}
+    assert cells and cells <= names, f"built-in cells not in the wheel: {sorted(cells - names)}"
 
     tops = {name.split("/", 1)[0] for name in names}
     (dist_info,) = tops - {"rnncc"}

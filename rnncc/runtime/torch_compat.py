@@ -18,7 +18,7 @@ from rnncc.runtime.api import load_builtin
 from rnncc.runtime.module import RNN, CellWeights
 
 #: The built-in cell of each torch module, by (class, nonlinearity).
-BUILTIN_OF: dict[tuple[type[nn.RNNBase], str | None], str] = {
+BUILTIN_OF: dict[tuple[type[nn.LSTM | nn.GRU | nn.RNN], str | None], str] = {
     (nn.LSTM, None): "lstm",
     (nn.GRU, None): "gru",
     (nn.RNN, "tanh"): "elman",
@@ -56,7 +56,7 @@ def from_torch(module: nn.Module, *, backend: str = "auto") -> RNN:
             f"{type(module).__name__} with proj_size={module.proj_size} has no rnncc counterpart "
             "(rnncc.RNN has no output projection)"
         )
-    ref = module.weight_ih_l0
+    ref = next(module.parameters())
     layer = RNN(
         load_builtin(name),
         module.input_size,
