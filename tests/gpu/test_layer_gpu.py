@@ -1,0 +1,186 @@
+"""``rnncc.RNN`` as nn.LSTM/GRU/RNN on the fused backend (``pytest -m gpu``): stacked,
+bidirectional, padded and packed batches, initial states, autocast, in fp32 and bf16 at hidden
+64, 12 heads × 64 and 768, against the same layer in float64 on the reference backend (outputs,
+last states and the gradients of the input, the states and every weight).
+
+Cases marked ``kernel_lengths`` pass ``lengths=`` or ``reverse=`` to the cell, which the fused
+kernels do not take yet: until they do, those fail with NotImplementedError. Run the others
+alone with ``pytest -m "gpu and not kernel_lengths" tests/gpu/test_layer_gpu.py``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
+
+import rnncc
+from rnncc.errors import TilingError
+from rnncc.testing import TOLERANCES, rel_err
+
+pytestmark = pytest.mark.gpu
+KERNEL_LENGTHS = pytest.mark.kernel_lengths
+
+B, T, I = 4, 24, 32
+LENGTHS = [17, 24, 3, 9]  # unsorted, one full row
+#: (num_heads, hidden_size): one head of 64 (block tier), 12 × 64, one head of 768 (grid tier)
+SIZES = [(1, 64), (12, 768), (1, 768)]
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def _cases():
+    for cell in ("lstm", "gru", "elman"):
+        for NH, H in SIZES:
+            for dname in DTYPES:
+                if dname == "fp32" and H // NH > 64:
+                    continue  # the fused float32 kernels run head dims up to 64
+                for num_layers in (1, 2):
+                    for bidirectional in (False, True):
+                        for how in ("full", "padded", "packed"):
+                            needs = bidirectional or how != "full"
+                            yield pytest.param(
+                                cell,
+                                NH,
+                                H,
+                                dname,
+                                num_layers,
+                                bidirectional,
+                                how,
+                                id=f"{cell}-{NH}x{H // NH}-{dname}-L{num_layers}"
+                                f"-{'bi' if bidirectional else 'uni'}-{how}",
+                                marks=[KERNEL_LENGTHS] if needs else [],
+                            )
+
+
+def _layer(
+    cell: str, NH: int, H: int, dtype: torch.dtype, run_dtype: torch.dtype | None = None, **kw
+) -> rnncc.RNN:
+    """The layer in ``dtype``, skipped where no fused kernel runs ``run_dtype`` (default
+    ``dtype``) at this size."""
+    torch.manual_seed(0)
+    layer = rnncc.RNN(
+        rnncc.load_builtin(cell), I, H, num_heads=NH, backend="fused", device="cuda", **kw
+    )
+    try:
+        layer.cell.plan(B, NH, H // NH, run_dtype or dtype, backend="fused")
+    except TilingError as err:
+        pytest.skip(f"no fused kernel for {cell} at {NH} × {H // NH}: {err}")
+    return layer.to(dtype)
+
+
+def _reference(layer: rnncc.RNN) -> rnncc.RNN:
+    """The same layer (its rounded weights) in float64 on the reference backend."""
+    ref = copy.deepcopy(layer).double()
+    ref.backend = "reference"
+    return ref
+
+
+def _run(layer, x, states, how):
+    x = x.clone().requires_grad_()
+    states = states.clone().requires_grad_()
+    if how == "packed":
+        inp = pack_padded_sequence(x, LENGTHS, batch_first=True, enforce_sorted=False)
+        out, last = layer(inp, states)
+        assert isinstance(out, PackedSequence)
+        out = out.data
+    else:
+        out, last = layer(x, states, lengths=LENGTHS if how == "padded" else None)
+    g = torch.Generator(device="cuda").manual_seed(1)
+    cot_out = torch.randn(out.shape, generator=g, device="cuda", dtype=torch.float64)
+    cot_last = torch.randn(last.shape, generator=g, device="cuda", dtype=torch.float64)
+    loss = (out.double() * cot_out).sum() + (last.double() * cot_last).sum()
+    loss.backward()
+    grads = {"x": x.grad, "states": states.grad}
+    grads.update({n: p.grad for n, p in layer.named_parameters()})
+    return out, last, grads
+
+
+@pytest.mark.parametrize(
+    ("cell", "NH", "H", "dname", "num_layers", "bidirectional", "how"), list(_cases())
+)
+def test_layer_on_fused_matches_the_float64_reference(
+    cell, NH, H, dname, num_layers, bidirectional, how
+):
+    dtype = DTYPES[dname]
+    layer = _layer(cell, NH, H, dtype, num_layers=num_layers, bidirectional=bidirectional)
+    ref = _reference(layer)
+    S, K = len(layer.cell.state_names), num_layers * layer.num_directions
+    x = torch.randn(B, T, I, device="cuda").to(dtype)
+    states = (0.5 * torch.randn(S, K, B, H, device="cuda")).to(dtype)
+    out, last, grads = _run(layer, x, states, how)
+    assert layer.cell.last_backend == "fused"
+    out_r, last_r, grads_r = _run(ref, x.double(), states.double(), how)
+    tol = TOLERANCES[dtype]
+    assert out.dtype == last.dtype == dtype
+    errors = {"out": rel_err(out, out_r), "last": rel_err(last, last_r)}
+    errors.update({f"d{k}": rel_err(grads[k], grads_r[k]) for k in grads_r})
+    bad = {k: v for k, v in errors.items() if not v <= tol}
+    assert not bad, f"relative errors above {tol}: {bad}"
+
+
+@pytest.mark.parametrize(("NH", "H"), SIZES, ids=[f"{nh}x{h // nh}" for nh, h in SIZES])
+def test_autocast_bf16_with_fp32_weights(NH, H):
+    """As nn.LSTM under autocast: the bf16 kernels run, the weights and their gradients stay
+    float32, and the result is the layer with bf16-rounded weights."""
+    layer = _layer("lstm", NH, H, torch.float32, torch.bfloat16)
+    x = torch.randn(B, T, I, device="cuda")
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        out, last = layer(x)
+    assert out.dtype == last.dtype == torch.bfloat16 and layer.cell.last_backend == "fused"
+    (out.float().square().sum() + last.float().sum()).backward()
+    assert all(p.grad.dtype == torch.float32 for p in layer.parameters())
+    ref = _reference(copy.deepcopy(layer).bfloat16())
+    out_r, last_r = ref(x.bfloat16().double())
+    tol = TOLERANCES[torch.bfloat16]
+    assert rel_err(out, out_r) <= tol and rel_err(last, last_r) <= tol
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        pytest.param(lambda: nn.LSTM(I, 64, batch_first=True), id="lstm"),
+        pytest.param(lambda: nn.GRU(I, 64, batch_first=True), id="gru"),
+        pytest.param(lambda: nn.RNN(I, 64, batch_first=True), id="rnn_tanh"),
+        pytest.param(lambda: nn.RNN(I, 64, batch_first=True, nonlinearity="relu"), id="rnn_relu"),
+        pytest.param(
+            lambda: nn.LSTM(I, 64, num_layers=2, bidirectional=True, batch_first=True),
+            id="lstm-2-bi",
+            marks=KERNEL_LENGTHS,
+        ),
+    ],
+)
+def test_from_torch_on_fused_matches_torch(module):
+    torch.manual_seed(0)
+    theirs = module().cuda()
+    ours = rnncc.RNN.from_torch(theirs, backend="fused")
+    x = torch.randn(B, T, I, device="cuda")
+    out, last = ours(x)
+    assert ours.cell.last_backend == "fused"
+    with torch.no_grad():
+        out_t, last_t = theirs.double()(x.double())
+    last_t = torch.stack(last_t) if isinstance(last_t, tuple) else last_t[None]
+    tol = TOLERANCES[torch.float32]
+    assert rel_err(out, out_t) <= tol and rel_err(last, last_t) <= tol
+
+
+def test_kernel_backends_refuse_lengths_until_the_kernels_take_them():
+    """Delete this test when the fused kernels take lengths= and reverse=: until then the
+    call stops before building or launching anything, on auto as on fused."""
+    layer = _layer("lstm", 1, 64, torch.float32, bidirectional=True)
+    layer.backend = "auto"
+    with pytest.raises(NotImplementedError, match="backend='reference' only"):
+        layer(torch.randn(B, T, I, device="cuda"))
+    cell = layer.cell
+    x = torch.randn(B, T, 4, 1, 64, device="cuda")
+    R, b = torch.zeros(4, 1, 64, 64, device="cuda"), torch.zeros(4, 1, 64, device="cuda")
+    with pytest.raises(NotImplementedError, match="backend='reference' only"):
+        cell(x, R, b, backend="fused", lengths=torch.tensor(LENGTHS))
+
+
+def test_a_fused_size_that_does_not_fit_says_so():
+    with pytest.raises(TilingError, match="no fused kernel for head dim 768"):
+        rnncc.RNN(rnncc.load_builtin("lstm"), I, 768, backend="fused", device="cuda")(
+            torch.randn(B, T, I, device="cuda")
+        )
