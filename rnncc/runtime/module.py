@@ -10,6 +10,7 @@ the reverse direction calls the cell with ``reverse=True``. docs/api.md states t
 
 from __future__ import annotations
 
+import contextlib
 import math
 import warnings
 from collections.abc import Sequence
@@ -216,7 +217,10 @@ class RNN(nn.Module):
         init = self._initial_states(states, x, ctype)
         dirs = self.num_directions
         lasts: list[torch.Tensor] = []
-        with torch.autocast(x.device.type, enabled=False):  # casts are explicit, in _run
+        # Under autocast the casts are _run's own (to ctype), not autocast's per op.
+        device = x.device.type
+        off = torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else None
+        with off or contextlib.nullcontext():
             h = x
             for layer in range(self.num_layers):
                 if layer and self.dropout:
@@ -229,10 +233,10 @@ class RNN(nn.Module):
                     ys.append(y)
                     lasts.append(last)
                 h = ys[0] if dirs == 1 else torch.cat(ys, dim=-1)
-        last = torch.stack(lasts, dim=1)
-        if packed is not None:
-            assert lengths is not None
-            return _packed_like(h, lengths, packed), last
+            last = torch.stack(lasts, dim=1)
+            if packed is not None:
+                assert lengths is not None
+                return _packed_like(h, lengths, packed), last
         return (h if self.batch_first else h.transpose(0, 1)), last
 
     def _run(

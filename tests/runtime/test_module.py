@@ -419,6 +419,12 @@ def test_autocast_runs_the_cell_in_16_bit_with_fp32_master_weights() -> None:
     low.load_state_dict(m.state_dict())
     expected = low(x.bfloat16(), states.bfloat16(), lengths=[4, 2, 3])
     torch.testing.assert_close((out, last), expected, rtol=0, atol=0)
+    # a packed input too (packing itself runs outside autocast, as for nn.LSTM)
+    packed = pack_padded_sequence(x, [4, 2, 3], True, enforce_sorted=False)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        packed_out, packed_last = m(packed, states)
+    torch.testing.assert_close(packed_last, last, rtol=0, atol=0)
+    assert packed_out.data.dtype == torch.bfloat16
 
 
 # ---- built-in cells ----------------------------------------------------------------------
