@@ -11,7 +11,15 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation import build_all, inputs, kernel_us, patched_ops, patched_sources, plan_for
+from ablation import (
+    build_all,
+    indented,
+    inputs,
+    kernel_us,
+    patched_ops,
+    patched_sources,
+    plan_for,
+)
 
 import rnncc
 
@@ -31,13 +39,15 @@ DG_SMEM = (
 COPIES = ("    copy_inputs(t - kInAhead);\n", "    rnncc::cp_async_commit();\n")
 WAIT = "    rnncc::cp_async_wait<kInAhead - 1>();  // step t - 1's inputs (earlier steps' may be in flight)\n"
 BAR = (WAIT + "    __syncthreads();\n", WAIT)
+HOOK = "static void backward(const In& in"  # the backward cell, in the generated struct Cell
 ACT = [
-    ("rnncc_sigmoid(g_o)", "g_o"),
-    ("rnncc_sigmoid(g_f)", "g_f"),
-    ("rnncc_sigmoid(g_i)", "g_i"),
-    ("rnncc_tanh(g_z)", "g_z"),
-    ("rnncc_tanh(v_t2 * s_c + v_t3 * v_t4)", "(v_t2 * s_c + v_t3 * v_t4)"),
+    (HOOK, "rnncc_sigmoid(g_o)", "g_o"),
+    (HOOK, "rnncc_sigmoid(g_f)", "g_f"),
+    (HOOK, "rnncc_sigmoid(g_i)", "g_i"),
+    (HOOK, "rnncc_tanh(g_z)", "g_z"),
+    (HOOK, "rnncc_tanh(v_t2 * s_c + v_t3 * v_t4)", "(v_t2 * s_c + v_t3 * v_t4)"),
 ]
+PRODUCT, DWX, DGR, DG_SMEM, COPIES, BAR = indented([PRODUCT, DWX, DGR, DG_SMEM, COPIES, BAR])
 ABLATIONS = {
     "base": [],
     "no-product": [PRODUCT],
@@ -58,7 +68,7 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     cell = rnncc.load("examples/lstm.rnn")
     plan = plan_for(cell, "block_mma", NH, D, B)
-    kernel = "fused_backward_mma(const rnncc_fused_bwd_args a)"
+    kernel = "void backward(const rnncc_fused_bwd_args& a)"
     sources = patched_sources(cell, plan.build, kernel, ABLATIONS)
     arch = build_all(cell, plan.build, sources)
     xs = inputs(cell, B, 1024, NH, D)
@@ -73,7 +83,7 @@ def main() -> None:
             y, last = ops(*ins, plan.launch)
             (y.float().sum() + last.float().sum()).backward()
 
-        us = kernel_us(run, "fused_backward")
+        us = kernel_us(run, "backward_kernel")
         print(f"{name:26s} bw kernel {us:7.1f} us ({us / 1024 * 1e3:5.0f} ns/step)", flush=True)
 
 

@@ -13,7 +13,15 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation import build_all, inputs, kernel_us, patched_ops, patched_sources, plan_for
+from ablation import (
+    build_all,
+    indented,
+    inputs,
+    kernel_us,
+    patched_ops,
+    patched_sources,
+    plan_for,
+)
 
 import rnncc
 
@@ -36,7 +44,10 @@ L2_INIT = (
              (long long)a.T * kGx * NHD, a.B - b0 < kBC ? a.B - b0 : kBC, NHD, kGx, kD, threadIdx.x, kMmaThreads);
   auto step = [&](const int t) {""",
 )
-Y = ("        yp[q][0 * yO] = rnncc::from_float<T>(new_h);\n", "")
+Y = (
+    "for (int o = 0; o < kO; ++o) yp[q][o * yO] = rnncc::from_float<T>(next[C::output_state(o)]);\n",
+    "for (int o = 0; o < 0; ++o) yp[q][o * yO] = rnncc::from_float<T>(next[C::output_state(o)]);\n",
+)
 BAR = ("    __syncthreads();\n  };\n#pragma unroll 2", "  };\n#pragma unroll 2")
 SPLIT = (
     """#pragma unroll
@@ -69,8 +80,13 @@ SPLIT0 = (
       const T* hb = &hsm""",
 )
 CELL = (
-    "        const float v_t0 = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);\n        // new states\n        const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(v_t0);",
-    "        const float v_t0 = g_f * s_c + g_i * g_z;\n        // new states\n        const float new_h = g_o * v_t0;",
+    "static void forward(const In& in",  # the cell, in the generated struct Cell
+    "    const float new_c = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);\n"
+    "    next[0] = rnncc_sigmoid(g_o) * rnncc_tanh(new_c);",
+    "    const float new_c = g_f * s_c + g_i * g_z;\n    next[0] = g_o * new_c;",
+)
+WX, COPY, L2_INIT, L2, Y, BAR, SPLIT0, SPLIT = indented(
+    [WX, COPY, L2_INIT, L2, Y, BAR, SPLIT0, SPLIT]
 )
 ABLATIONS = {
     "base": [],
@@ -90,7 +106,7 @@ def main() -> None:
     argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     cell = rnncc.load("examples/lstm.rnn")
     plan = plan_for(cell, "block_mma", NH, D, B)
-    kernel = "fused_forward_mma(const rnncc_fused_args a)"
+    kernel = "void forward(const rnncc_fused_args& a)"
     sources = patched_sources(cell, plan.build, kernel, ABLATIONS)
     arch = build_all(cell, plan.build, sources)
     xs = inputs(cell, B, 1024, NH, D)
@@ -101,7 +117,7 @@ def main() -> None:
             ins = [None if v is None else v.clone().requires_grad_(mode == "train") for v in xs]
             with torch.set_grad_enabled(mode == "train"):
                 times[mode] = kernel_us(
-                    lambda ops=ops, ins=ins: ops(*ins, plan.launch), "fused_forward"
+                    lambda ops=ops, ins=ins: ops(*ins, plan.launch), "forward_kernel"
                 )
         print(
             f"{name:26s} fw kernel no_grad {times['no_grad']:7.1f} us "

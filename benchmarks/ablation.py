@@ -1,9 +1,12 @@
 """Shared by the ablation tools (``ablate_block_forward.py``, ``ablate_block_backward.py``,
-``grid_timeline.py``): a kernel variant's generated source with text patches applied inside
-one kernel, the patched libraries built in parallel, their ops, and a kernel's time from the
+``grid_timeline.py``): a kernel variant's generated source, its skeleton header inlined, with
+text patches applied inside one kernel, the patched libraries built in parallel, their ops, and a kernel's time from the
 torch profiler.
 
-A patch is ``(old, new)``: the first ``old`` after the kernel's signature becomes ``new``.
+A patch is ``(old, new)``: the first ``old`` after the kernel's signature becomes ``new``;
+or ``(anchor, old, new)``: the first ``old`` after ``anchor`` (the cell's hooks: the
+generated struct ``Cell``, after the skeleton). Skeleton bodies are members of the header's
+struct ``Kernels``: ``indented`` moves patches written for a free function two columns on.
 Patched sources compute wrong values: timing only.
 """
 
@@ -19,7 +22,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 import rnncc
-from rnncc.codegen.stepwise import GeneratedSource
+from rnncc.codegen.source import GeneratedSource
 from rnncc.config import get_config
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library
@@ -28,7 +31,19 @@ from rnncc.testing import random_inputs
 from rnncc.tiling import Plan, Problem, caps_for_device, solve
 from rnncc.variants import BY_NAME
 
-Patch = tuple[str, str]
+Patch = tuple[str, str] | tuple[str, str, str]
+
+
+def indented(patches: Sequence[tuple[str, str]]) -> list[Patch]:
+    """``patches`` with every line that is not blank or a preprocessor line moved two columns on."""
+
+    def indent(text: str) -> str:
+        return "\n".join(
+            "  " + line if line.strip() and not line.startswith("#") else line
+            for line in text.split("\n")
+        )
+
+    return [(indent(old), indent(new)) for old, new in patches]
 
 
 def plan_for(cell: rnncc.CompiledCell, variant: str, NH: int, D: int, B: int) -> Plan:
@@ -46,14 +61,20 @@ def patched_sources(
     """The source of the variant library ``build`` describes, once per ablation, its patches
     applied after ``kernel`` (a signature, or any text before the patched code)."""
     src = BY_NAME[build["variant"]].render(cell.ir, cell.backward_ir, build)
-    i = src.text.index(kernel)
+    skeleton = f"{build['variant']}.cuh"
+    include = f'#include "{skeleton}"\n'
+    src = dataclasses.replace(
+        src, text=src.text.replace(include, (templates_dir() / skeleton).read_text())
+    )
     out = {}
     for name, patches in ablations.items():
-        head, tail = src.text[:i], src.text[i:]
-        for old, new in patches:
-            assert old in tail, f"{name}: not in the kernel: {old}"
-            tail = tail.replace(old, new, 1)
-        out[name] = dataclasses.replace(src, text=head + tail)
+        text = src.text
+        for patch in patches:
+            anchor, old, new = patch if len(patch) == 3 else (kernel, *patch)
+            i = text.index(anchor)
+            assert old in text[i:], f"{name}: not after {anchor!r}: {old}"
+            text = text[:i] + text[i:].replace(old, new, 1)
+        out[name] = dataclasses.replace(src, text=text)
     return out
 
 

@@ -26,17 +26,26 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ablation import build_all, inputs, kernel_us, patched_ops, patched_sources, plan_for
+from ablation import (
+    build_all,
+    indented,
+    inputs,
+    kernel_us,
+    patched_ops,
+    patched_sources,
+    plan_for,
+)
 
 import rnncc
 
 T, STEPS, FIRST = 1024, 64, 512  # every block's stamps: steps FIRST .. FIRST + STEPS - 1
-ANCHOR = "constexpr int kL2Ahead = 8;"  # in the grid header, before the forward kernel
+ANCHOR = "namespace rnncc {\nnamespace grid_mma {"  # the grid header, before its kernels
+
+
 PATCHES = [
     (
         ANCHOR,
-        ANCHOR
-        + """
+        """
 __device__ unsigned long long rnncc_tl_phase[2][1024][9];
 __device__ unsigned long long rnncc_tl_glob[132][64][2][2];
 __device__ __forceinline__ unsigned long long rnncc_gt() {
@@ -44,11 +53,14 @@ __device__ __forceinline__ unsigned long long rnncc_gt() {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(v));
   return v;
 }
-""",
+"""
+        + ANCHOR,
     ),
-    (
-        "  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);\n",
-        """  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);
+] + indented(
+    [
+        (
+            "  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);\n",
+            """  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);
   const int tl_b = blockIdx.y || blockIdx.z ? -1 : blockIdx.x == 0 ? 0 : blockIdx.x == gridDim.x - 1 ? 1 : -1;
   const int tl_lin = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
   auto tlc = [&](int t, int p) {
@@ -59,16 +71,16 @@ __device__ __forceinline__ unsigned long long rnncc_gt() {
       rnncc_tl_glob[tl_lin][t - 512][threadIdx.x >> 5][k] = rnncc_gt();
   };
 """,
-    ),
-    (
-        "    if (t + kL2Ahead < a.T) wx_l2.prefetch(",
-        """    tlc(t, 0);
+        ),
+        (
+            "    if (t + kL2Ahead < a.T) wx_l2.prefetch(",
+            """    tlc(t, 0);
     if (tl_b >= 0 && threadIdx.x == 0 && t < 1024) rnncc_tl_phase[tl_b][t][8] = rnncc_gt();
     if (t + kL2Ahead < a.T) wx_l2.prefetch(""",
-    ),
-    (
-        "        rnncc::xchg_wait(ex.counter + kNTh * hf, (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh));\n",
-        """        {
+        ),
+        (
+            "        rnncc::xchg_wait(ex.counter + kNTh * hf, (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh));\n",
+            """        {
           const unsigned* ctr = ex.counter + kNTh * hf;
           const unsigned target = (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh);
           if (threadIdx.x == 0) {
@@ -83,20 +95,21 @@ __device__ __forceinline__ unsigned long long rnncc_gt() {
           tlc(t, 2);
         }
 """,
-    ),
-    (
-        "        }\n        __syncthreads();\n      }\n      if (cell && jt / kNTh == hf) {",
-        "        }\n        tlc(t, 3);\n        __syncthreads();\n        tlc(t, 4);\n      }\n"
-        "      if (cell && jt / kNTh == hf) {",
-    ),
-    (
-        "        __syncwarp();\n        if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)\n"
-        "          rnncc::xchg_count(ex.counter + kNTh * hf);\n",
-        "        __syncwarp();\n        tlc(t, 5);\n        if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)\n"
-        "          rnncc::xchg_count(ex.counter + kNTh * hf);\n        tlc(t, 6);\n        tlg(t, 1);\n",
-    ),
-    ("    load_wx(t + 2, wxv);", "    load_wx(t + 2, wxv);\n    tlc(t, 7);"),
-]
+        ),
+        (
+            "        }\n        __syncthreads();\n      }\n      if (cell && jt / kNTh == hf) {",
+            "        }\n        tlc(t, 3);\n        __syncthreads();\n        tlc(t, 4);\n      }\n"
+            "      if (cell && jt / kNTh == hf) {",
+        ),
+        (
+            "        __syncwarp();\n        if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)\n"
+            "          rnncc::xchg_count(ex.counter + kNTh * hf);\n",
+            "        __syncwarp();\n        tlc(t, 5);\n        if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)\n"
+            "          rnncc::xchg_count(ex.counter + kNTh * hf);\n        tlc(t, 6);\n        tlg(t, 1);\n",
+        ),
+        ("    load_wx(t + 2, wxv);", "    load_wx(t + 2, wxv);\n    tlc(t, 7);"),
+    ]
+)
 READER = """
 extern "C" int rnncc_tl_read(void* phase, void* glob) {
   cudaError_t e = cudaMemcpyFromSymbol(phase, rnncc_tl_phase, sizeof(rnncc_tl_phase));
@@ -178,7 +191,7 @@ def main() -> None:
         xs = inputs(cell, B, T, 1, D)
         for name in ("plain", "stamped"):
             with torch.no_grad():
-                us = kernel_us(lambda o=ops[name], xs=xs, la=launch: o(*xs, la), "fused_forward")
+                us = kernel_us(lambda o=ops[name], xs=xs, la=launch: o(*xs, la), "forward_kernel")
             print(f"{path} 1x{D} B={B}: {name} forward kernel (no grad) {us:8.1f} us", flush=True)
         print(report(B, ops["stamped"], launch, xs), flush=True)
 

@@ -50,9 +50,9 @@ __device__ __forceinline__ float rnncc_min(float a, float b) { return (a != a ||
 // Faster forms for the 16-bit (bf16 / fp16) tensor-core kernels, whose storage resolution is
 // 2^-8 (bf16) or 2^-11 (fp16): the hardware tanh (tanh.approx.f32, one MUFU op, relative error
 // about 2^-11), the sigmoid on it (absolute error about 2^-12), and log, log σ
-// and softplus on the fast logarithm (__logf) instead of logf / log1pf. A kernel
-// takes them with block-scope using-declarations, which hide the accurate ones above for the
-// generated code in that kernel only.
+// and softplus on the fast logarithm (__logf) instead of logf / log1pf. The generated cell
+// hooks of the 16-bit variants take them with block-scope using-declarations, which hide the
+// accurate ones above in that hook only.
 namespace rnncc {
 namespace fast {
 __device__ __forceinline__ float rnncc_tanh(float x) {

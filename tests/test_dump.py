@@ -29,7 +29,7 @@ def test_stages_are_dumped(tmp_path, monkeypatch):
         "gru.ir.rnn",
         "gru.stepwise.cu",
     ]
-    assert "fused_forward_mma" in (tmp_path / "gru.block_mma_d64.cu").read_text()
+    assert "rnncc::block_mma::forward<Cell>" in (tmp_path / "gru.block_mma_d64.cu").read_text()
     assert "cell gru(h)" in (tmp_path / "gru.ir.rnn").read_text()
     assert "backward gru {" in (tmp_path / "gru.backward.rnn").read_text()
     assert "CellDef" in (tmp_path / "gru.ast.txt").read_text()

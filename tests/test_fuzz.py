@@ -20,13 +20,13 @@ import pytest
 
 from rnncc.autodiff import derive_backward
 from rnncc.cli import main
-from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.frontend import compile_source, read_source
 from rnncc.ir.ops import FUNCTIONS
 from rnncc.runtime.package import write_package
 from rnncc.tiling import Problem, caps_for_arch
 from rnncc.tiling.solve import points
 from rnncc.variants import VARIANTS
+from rnncc.variants.stepwise import render_stepwise
 
 H100 = caps_for_arch("h100")
 FUSED = [v for v in VARIANTS if v.host == "fused"]
@@ -159,7 +159,7 @@ def _compiles(path: str, out: Path) -> int:
     for cell in cells:
         write_package(cell, out)
         bwd = derive_backward(cell)
-        assert generate_stepwise(cell, bwd).text
+        assert render_stepwise(cell, bwd).text
         for variant in FUSED:
             for D in (64, 768):
                 problem = Problem.from_cell(

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:  # the solver's types; variants sit below rnncc.tiling and never import it
-    from rnncc.codegen.stepwise import GeneratedSource
+    from rnncc.codegen.source import GeneratedSource
     from rnncc.ir.cell import BackwardCell, Cell
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem

@@ -21,7 +21,7 @@ from rnncc.variants.base import (
 from rnncc.variants.costs import block_tier_cost, cycles_us
 
 if TYPE_CHECKING:
-    from rnncc.codegen.stepwise import GeneratedSource
+    from rnncc.codegen.source import GeneratedSource
     from rnncc.ir.cell import BackwardCell, Cell
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
@@ -128,7 +128,12 @@ class BlockFfma(Variant):
         return block_tier_cost(problem, caps, product, BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
-        from rnncc.codegen.fused import ffma_lines, render_fused
+        from rnncc.codegen.source import render_fused
 
-        traits = [("int", "kThreads", build["threads"]), ("int", "kGroups", build["groups"])]
-        return render_fused(cell, self.name, build, traits, ffma=ffma_lines(cell, bwd))
+        traits = [
+            ("int", "kD", build["D"]),
+            ("int", "kBC", build["batch_chunk"]),
+            ("int", "kThreads", build["threads"]),
+            ("int", "kGroups", build["groups"]),
+        ]
+        return render_fused(cell, bwd, self.name, build, traits, fast=False)

@@ -24,7 +24,7 @@ from rnncc.variants.block_ffma import STATIC_SMEM_BYTES
 from rnncc.variants.costs import block_tier_cost, mma_us
 
 if TYPE_CHECKING:
-    from rnncc.codegen.stepwise import GeneratedSource
+    from rnncc.codegen.source import GeneratedSource
     from rnncc.ir.cell import BackwardCell, Cell
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
@@ -189,10 +189,12 @@ class BlockMma(Variant):
         return block_tier_cost(p, caps, mma_us(fmas, caps), BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
-        from rnncc.codegen.fused import mma_lines, render_fused
+        from rnncc.codegen.source import render_fused
 
         ring = build["ring"]
         traits = [
+            ("int", "kD", build["D"]),
+            ("int", "kBC", build["batch_chunk"]),
             ("int", "kWarps", build["warps"]),
             ("int", "kMmaThreads", build["threads"]),
             ("int", "kWxAhead", build["wx_ahead"]),
@@ -208,4 +210,4 @@ class BlockMma(Variant):
             ("int", "kInSlot", ring["slot"]),
             ("size_t", "kBwSmem", ring["bytes"]),
         ]
-        return render_fused(cell, self.name, build, traits, mma=mma_lines(cell, bwd))
+        return render_fused(cell, bwd, self.name, build, traits, fast=True)

@@ -32,7 +32,7 @@ from rnncc.variants.costs import (
 )
 
 if TYPE_CHECKING:
-    from rnncc.codegen.stepwise import GeneratedSource
+    from rnncc.codegen.source import GeneratedSource
     from rnncc.ir.cell import BackwardCell, Cell
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
@@ -231,6 +231,8 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
         )
 
     return [
+        ("int", "kD", build["D"]),
+        ("int", "kBC", build["batch_chunk"]),
         ("int", "kXWords", build["exchange_words"]),
         ("int", "kGridKernels", len(kernels)),
         ("int", "kGridNT[kGridKernels]", table("n_tiles")),
@@ -384,6 +386,6 @@ class GridMma(Variant):
         return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
-        from rnncc.codegen.fused import grid_lines, render_fused
+        from rnncc.codegen.source import render_fused
 
-        return render_fused(cell, self.name, build, _traits(build), grid=grid_lines(cell, bwd))
+        return render_fused(cell, bwd, self.name, build, _traits(build), fast=True)

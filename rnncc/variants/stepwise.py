@@ -13,7 +13,7 @@ from rnncc.variants.base import Cost, Launch, Point, Variant
 from rnncc.variants.costs import STEPWISE_BACKWARD_US, STEPWISE_STEP_US
 
 if TYPE_CHECKING:
-    from rnncc.codegen.stepwise import GeneratedSource
+    from rnncc.codegen.source import GeneratedSource
     from rnncc.ir.cell import BackwardCell, Cell
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
@@ -22,6 +22,21 @@ if TYPE_CHECKING:
 THREADS = 256
 #: The build record: the stepwise library does not depend on the sizes.
 BUILD = {"variant": "stepwise", "threads": THREADS}
+
+
+def render_stepwise(cell: Cell, bwd: BackwardCell, threads: int = THREADS) -> GeneratedSource:
+    """The stepwise library of ``cell``, ``threads`` per block (the same for every size)."""
+    from rnncc.codegen.source import render_cell
+
+    return render_cell(
+        cell,
+        bwd,
+        filename=f"{cell.name}_stepwise.cu",
+        plan=f"stepwise: one thread per (head, batch, unit), {threads} per block",
+        skeleton="stepwise.cuh",
+        traits=[("int", "kThreads", threads)],
+        fast=False,
+    )
 
 
 class Stepwise(Variant):
@@ -41,6 +56,4 @@ class Stepwise(Variant):
         return Cost(terms, 1, STEPWISE_STEP_US, STEPWISE_BACKWARD_US)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
-        from rnncc.codegen.stepwise import generate_stepwise
-
-        return generate_stepwise(cell, bwd, threads=build["threads"])
+        return render_stepwise(cell, bwd, build["threads"])

@@ -13,12 +13,13 @@ import pytest
 
 import rnncc
 from rnncc.autodiff import derive_backward
-from rnncc.codegen.stepwise import GeneratedSource, generate_stepwise, header_comment
+from rnncc.codegen.source import GeneratedSource, header_comment
 from rnncc.frontend import compile_source
 from rnncc.resources import templates_dir
 from rnncc.tiling import Problem, caps_for_arch
 from rnncc.tiling.solve import points
 from rnncc.variants import BY_NAME
+from rnncc.variants.stepwise import render_stepwise
 
 #: A file name that, pasted into the header as it is, makes the header a static initialiser
 #: (the raw string swallows the header lines up to the ``)rnncc";`` in the source).
@@ -53,7 +54,7 @@ def _source(which: str) -> GeneratedSource:
     cell = _hostile()
     backward = derive_backward(cell)
     if which == "stepwise":
-        return generate_stepwise(cell, backward)
+        return render_stepwise(cell, backward)
     variant = BY_NAME[which]
     problem = Problem.from_cell(cell, heads=1, head_dim=64, batch=16, dtype=variant.dtypes[0])
     assert points(variant, problem, caps_for_arch("h100")), f"{which} runs the cell"
@@ -98,7 +99,7 @@ def test_gxx_preprocessor_sees_no_user_text_in_the_header(which: str, tmp_path: 
     if gxx is None:
         pytest.skip("g++ is not installed here")
     src = _source(which)
-    head = src.text[: src.text.index('\n#include "rnncc_') + 1]
+    head = src.text[: src.text.index('\n#include "') + 1]
     cpp = tmp_path / "head.cpp"
     cpp.write_text(head + "int rnncc_after;\n", encoding="utf-8")
     cmd = [gxx, "-std=c++14", "-trigraphs", "-E", "-P", str(cpp)]

@@ -14,10 +14,11 @@ import pytest
 
 import rnncc
 from rnncc.codegen.expr import cuda_float, render_body
-from rnncc.codegen.stepwise import generate_stepwise, leaf_name
+from rnncc.codegen.source import leaf_name
 from rnncc.frontend import compile_source
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import NVCC_FLAGS, arch_flags
+from rnncc.variants.stepwise import render_stepwise
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.rnn"))
@@ -26,7 +27,7 @@ GOLDEN = ROOT / "tests" / "golden"
 
 def _generate(path: Path):
     cell = rnncc.load(path)
-    return generate_stepwise(cell.ir, cell.backward_ir)
+    return render_stepwise(cell.ir, cell.backward_ir)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)

@@ -17,7 +17,6 @@ import torch
 
 import rnncc
 from rnncc.autodiff import derive_backward
-from rnncc.codegen.stepwise import generate_stepwise
 from rnncc.frontend import compile_source
 from rnncc.ir.cell import Cell
 from rnncc.ir.printer import print_backward, print_cell
@@ -27,6 +26,7 @@ from rnncc.testing import random_inputs
 from rnncc.tiling import Problem, caps_for_arch
 from rnncc.tiling.solve import points
 from rnncc.variants import VARIANTS
+from rnncc.variants.stepwise import render_stepwise
 
 H100 = caps_for_arch("h100")
 FUSED = [v for v in VARIANTS if v.host == "fused"]
@@ -54,7 +54,7 @@ def through_every_stage(src: str, tmp_path: Path) -> Cell:
     bwd = derive_backward(cell)
     verify_backward(bwd)
     assert print_backward(bwd).startswith("# backward of cell f")
-    assert generate_stepwise(cell, bwd).text
+    assert render_stepwise(cell, bwd).text
     for variant in FUSED:
         for D in (64, 768):
             problem = Problem.from_cell(
@@ -112,7 +112,7 @@ def test_kernel_expressions_are_split_into_temporaries():
     """nvcc parses one very deep expression slowly and with gigabytes of memory: a long sum
     renders as temporaries of at most 64 operators each."""
     (cell,), _ = compile_source(cell_of("h = g + " + " + ".join(["h"] * DEEP)), "big.rnn")
-    text = generate_stepwise(cell, derive_backward(cell)).text
+    text = render_stepwise(cell, derive_backward(cell)).text
     sums = [line for line in text.splitlines() if " + s_h" in line]
     assert len(sums) >= DEEP // 64
     assert max(line.count(" + ") for line in sums) <= 64

@@ -28,140 +28,87 @@
 //       n = tanh(xn + r * hn)
 //       h = (1 - z) * n + z * h
 //   }
-// Per-step pointwise kernels of cell 'gru' for rnncc's stepwise backend: one thread
-// per (head, batch row, unit), float32 math for every storage dtype. Torch-free; the host
-// loop (stepwise_host.cpp) calls the extern "C" launchers through rnncc_abi.h.
-#include "rnncc_abi.h"
-#include "rnncc_ops.cuh"
+// The kernels are stepwise.cuh's, templated on the struct Cell below: the cell's shape, the
+// plan's constants, and one element's forward and backward. Torch-free; the host loop calls
+// the entry points at the end through rnncc_abi.h.
+#include "stepwise.cuh"
 
 namespace {
 
-constexpr int kS = 1;  // states: h
-constexpr int kO = 1;  // outputs: h
-constexpr int kGx = 3;  // W x gates: xr, xz, xn
-constexpr int kGr = 3;  // R h gates: hr, hz, hn
-constexpr int kGb = 3;  // b gates: hr, hz, hn
-constexpr int kP = 0;  // params: none
-constexpr int kThreads = 256;  // the plan's
-static_assert(kS >= 1, "a cell has at least one state");
-static_assert(kO >= 1 && kO <= kS, "the outputs are some of the states");
+struct Cell {
+  static constexpr int kS = 1;  // states: h
+  static constexpr int kO = 1;  // outputs: h
+  static constexpr int kGx = 3;  // W x gates: xr, xz, xn
+  static constexpr int kGr = 3;  // R h gates: hr, hz, hn
+  static constexpr int kGb = 3;  // b gates: hr, hz, hn
+  static constexpr int kP = 0;  // params: none
+  static constexpr int kRec = 0;  // the recurrent state: h
+  // The plan's constants.
+  static constexpr int kThreads = 256;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + ((long long)n * a.B + b) * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  T* y = static_cast<T*>(a.y) + bt * NHD + hd;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
-  // leaves
-  const float s_h = a.s_old[i];
-  const float g_xr = rnncc::to_float(Wx[0]);
-  const float g_xz = rnncc::to_float(Wx[NHD]);
-  const float g_xn = rnncc::to_float(Wx[2 * NHD]);
-  const float g_hr = Rh[0] + rnncc::to_float(bias[0]);
-  const float g_hz = Rh[a.D] + rnncc::to_float(bias[NHD]);
-  const float g_hn = Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
-  // the cell
-  const float v_z = rnncc_sigmoid(g_xz + g_hz);
-  const float v_r = rnncc_sigmoid(g_xr + g_hr);
-  const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-  // new states
-  const float new_h = (1.0f - v_z) * v_n + v_z * s_h;
-  // stores
-  a.s_new[i] = new_h;
-  y[0] = rnncc::from_float<T>(new_h);
-}
+  // The state that output o is.
+  __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  const long long nb = (long long)n * a.B + b;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + nb * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  [[maybe_unused]] const T* dy = static_cast<const T*>(a.dy) + bt * NHD + hd;
-  [[maybe_unused]] T* dWx = static_cast<T*>(a.dWx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] float* dGr = a.dGr + nb * kGr * a.D + d;
-  [[maybe_unused]] float* dGb = a.dGb + nb * kGb * a.D + d;
-  [[maybe_unused]] float* dP = a.dP + nb * kP * a.D + d;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
-  // leaves
-  const float s_h = a.s_old[i];
-  const float g_xr = rnncc::to_float(Wx[0]);
-  const float g_xz = rnncc::to_float(Wx[NHD]);
-  const float g_xn = rnncc::to_float(Wx[2 * NHD]);
-  const float g_hr = Rh[0] + rnncc::to_float(bias[0]);
-  const float g_hz = Rh[a.D] + rnncc::to_float(bias[NHD]);
-  const float g_hn = Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
-  const float dn_h = a.ds_new[i];
-  const float do_h = rnncc::to_float(dy[0]);
-  // the backward cell
-  const float v_t0 = dn_h + do_h;
-  const float v_z = rnncc_sigmoid(g_xz + g_hz);
-  const float v_t1 = 1.0f - v_z;
-  const float v_r = rnncc_sigmoid(g_xr + g_hr);
-  const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
-  const float d_xn = v_t0 * v_t1 * (1.0f - v_n * v_n);
-  const float d_xr = d_xn * g_hn * (1.0f - v_r) * v_r;
-  const float d_xz = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
-  // cotangents of the old states, the gates and the params
-  a.ds_old[i] = v_t0 * v_z;
-  dWx[0] = rnncc::from_float<T>(d_xr);
-  dWx[NHD] = rnncc::from_float<T>(d_xz);
-  dWx[2 * NHD] = rnncc::from_float<T>(d_xn);
-  const float d_hr = d_xr;
-  dGr[0] = d_hr;
-  dGb[0] = d_hr;
-  const float d_hz = d_xz;
-  dGr[a.D] = d_hz;
-  dGb[a.D] = d_hz;
-  const float d_hn = d_xn * v_r;
-  dGr[2 * a.D] = d_hn;
-  dGb[2 * a.D] = d_hn;
-}
-
-int launch(void (*f32)(rnncc_step_args), void (*f16)(rnncc_step_args),
-           void (*bf16)(rnncc_step_args), const rnncc_step_args* a, cudaStream_t stream) {
-  const long long n = (long long)a->NH * a->B * a->D;
-  if (n == 0) return 0;
-  const unsigned blocks = (unsigned)((n + kThreads - 1) / kThreads);
-  switch (a->dtype) {
-    case RNNCC_F32: f32<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_F16: f16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_BF16: bf16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    default: return (int)cudaErrorInvalidValue;
+  // The new states of one element.
+  template <class In>
+  __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
+    const float s_h = in.state(0);
+    const float g_xr = in.wx(0);
+    const float g_xz = in.wx(1);
+    const float g_xn = in.wx(2);
+    const float g_hr = in.rh(0) + in.bias(0);
+    const float g_hz = in.rh(1) + in.bias(1);
+    const float g_hn = in.rh(2) + in.bias(2);
+    const float v_z = rnncc_sigmoid(g_xz + g_hz);
+    const float v_r = rnncc_sigmoid(g_xr + g_hr);
+    const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
+    next[0] = (1.0f - v_z) * v_n + v_z * s_h;
   }
-  return (int)cudaGetLastError();
-}
+
+  // The cotangents of one element's old states, gate parts and params.
+  template <class In, class Out>
+  __device__ __forceinline__ static void backward(const In& in, const Out& out) {
+    const float s_h = in.state(0);
+    const float g_xr = in.wx(0);
+    const float g_xz = in.wx(1);
+    const float g_xn = in.wx(2);
+    const float g_hr = in.rh(0) + in.bias(0);
+    const float g_hz = in.rh(1) + in.bias(1);
+    const float g_hn = in.rh(2) + in.bias(2);
+    const float dn_h = in.dstate(0);
+    const float do_h = in.dout(0);
+    const float v_t0 = dn_h + do_h;
+    const float v_z = rnncc_sigmoid(g_xz + g_hz);
+    const float v_t1 = 1.0f - v_z;
+    const float v_r = rnncc_sigmoid(g_xr + g_hr);
+    const float v_n = rnncc_tanh(g_xn + v_r * g_hn);
+    const float d_xn = v_t0 * v_t1 * (1.0f - v_n * v_n);
+    const float d_xr = d_xn * g_hn * (1.0f - v_r) * v_r;
+    const float d_xz = (v_t0 * s_h + -(v_t0 * v_n)) * v_t1 * v_z;
+    out.d_state(0, v_t0 * v_z);
+    out.d_wx(0, d_xr);
+    out.d_wx(1, d_xz);
+    out.d_wx(2, d_xn);
+    const float d_hr = d_xr;
+    out.d_rh(0, d_hr);
+    out.d_bias(0, d_hr);
+    const float d_hz = d_xz;
+    out.d_rh(1, d_hz);
+    out.d_bias(1, d_hz);
+    const float d_hn = d_xn * v_r;
+    out.d_rh(2, d_hn);
+    out.d_bias(2, d_hn);
+  }
+};
 
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
 
 extern "C" int rnncc_forward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(forward_step<float>, forward_step<__half>, forward_step<__nv_bfloat16>, a, stream);
+  return rnncc::stepwise::forward<Cell>(a, stream);
 }
 
 extern "C" int rnncc_backward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(backward_step<float>, backward_step<__half>, backward_step<__nv_bfloat16>, a,
-                stream);
+  return rnncc::stepwise::backward<Cell>(a, stream);
 }

@@ -26,922 +26,104 @@
 //       c = sigmoid(f) * c + sigmoid(i) * tanh(z)
 //       h = sigmoid(o) * tanh(c)
 //   }
-// Fused persistent forward and backward of cell 'lstm': one launch each (or one per
-// share of the heads and batch chunks) for the whole sequence; R, the states, the biases and
-// the params stay on chip for all T steps. Torch-free; launched by the host loop through
-// rnncc_abi.h with the plan's launch (rnncc_launch), which the entry points check against the
-// traits below.
-#include "rnncc_abi.h"
-#include "rnncc_ops.cuh"
-#include "rnncc_mma.cuh"
-#include <mutex>
-#include <type_traits>
-#include <utility>
+// The kernels are grid_mma.cuh's, templated on the struct Cell below: the cell's shape, the
+// plan's constants, and one element's forward and backward. Torch-free; the host loop calls
+// the entry points at the end through rnncc_abi.h.
+#include "grid_mma.cuh"
 
 namespace {
 
-constexpr int kS = 2;  // states: h, c
-constexpr int kO = 1;  // outputs: h
-constexpr int kGx = 4;  // W x gates: i, f, z, o
-constexpr int kGr = 4;  // R h gates: i, f, z, o
-constexpr int kGb = 4;  // b gates: i, f, z, o
-constexpr int kP = 0;  // params: none
-constexpr int kRec = 0;  // the recurrent state's index (unused when kGr == 0)
-constexpr int kD = 256;  // head dim (compile-time in this tier)
-constexpr int kBC = 8;  // batch rows per block; the last chunk is masked
-constexpr int kRows = kGr * kD;
-// The plan's compile-time constants (the variant's build record, in the header above).
-constexpr int kXWords = 1024;
-constexpr int kGridKernels = 7;
-constexpr int kGridNT[kGridKernels] = {1, 1, 2, 4, 2, 4, 8};
-constexpr int kGridUW[kGridKernels] = {1, 2, 2, 2, 1, 1, 1};
-constexpr int kGridFwThreads[kGridKernels] = {64, 128, 128, 256, 64, 128, 256};
-constexpr int kGridBwThreads[kGridKernels] = {96, 256, 256, 256, 96, 128, 256};
-constexpr size_t kGridFwSmem[kGridKernels] = {2048, 8192, 16384, 32768, 4096, 8192, 16384};
-constexpr size_t kGridBwSmem[kGridKernels] = {1696, 4416, 8512, 16704, 1696, 3232, 6304};
-constexpr int kFwWarps[2] = {2, 4};
-constexpr int kFwKT[2] = {8, 4};
-constexpr int kBwWarps[2] = {3, 8};
-constexpr int kBwKT[2] = {22, 8};
-static_assert(kO >= 1 && kO <= kS, "the outputs are some of the states");
-static_assert(kGx >= 0 && kGb >= 0 && kP >= 0, "gate and param counts are non-negative");
+struct Cell {
+  static constexpr int kS = 2;  // states: h, c
+  static constexpr int kO = 1;  // outputs: h
+  static constexpr int kGx = 4;  // W x gates: i, f, z, o
+  static constexpr int kGr = 4;  // R h gates: i, f, z, o
+  static constexpr int kGb = 4;  // b gates: i, f, z, o
+  static constexpr int kP = 0;  // params: none
+  static constexpr int kRec = 0;  // the recurrent state: h
+  // The plan's constants.
+  static constexpr int kD = 256;
+  static constexpr int kBC = 8;
+  static constexpr int kXWords = 1024;
+  static constexpr int kGridKernels = 7;
+  static constexpr int kGridNT[kGridKernels] = {1, 1, 2, 4, 2, 4, 8};
+  static constexpr int kGridUW[kGridKernels] = {1, 2, 2, 2, 1, 1, 1};
+  static constexpr int kGridFwThreads[kGridKernels] = {64, 128, 128, 256, 64, 128, 256};
+  static constexpr int kGridBwThreads[kGridKernels] = {96, 256, 256, 256, 96, 128, 256};
+  static constexpr size_t kGridFwSmem[kGridKernels] = {2048, 8192, 16384, 32768, 4096, 8192, 16384};
+  static constexpr size_t kGridBwSmem[kGridKernels] = {1696, 4416, 8512, 16704, 1696, 3232, 6304};
+  static constexpr int kFwWarps[2] = {2, 4};
+  static constexpr int kFwKT[2] = {8, 4};
+  static constexpr int kBwWarps[2] = {3, 8};
+  static constexpr int kBwKT[2] = {22, 8};
 
-// Shared by the tensor-core kernels of both tiers (fused_mma.cuh.j2: block; fused_grid.cuh.j2:
-// grid): the head dim padded to whole mma tiles, R's elements, a lane's two adjacent units.
-constexpr int kKP = (kD + 15) / 16 * 16;  // the head dim padded to whole k tiles
-constexpr int kKTiles = kKP / 16;  // k tiles of R·h
-constexpr int kPairs = (kGr + 1) / 2 > 0 ? (kGr + 1) / 2 : 1;  // m tiles of R·h: gate pairs
-constexpr int kGRows = (kGr > 0 ? kGr : 1) * kKP;  // k of dgᵀ·R: gate rows, gate-major
-constexpr int kGTiles = kGRows / 16;
-constexpr bool kPaired = kD % 2 == 0;  // backward: a lane's two units as one aligned access
+  // The state that output o is.
+  __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }
 
-// One element of R[gate][n] (out x in) as float; zero outside the cell (the padding).
-template <typename T>
-__device__ __forceinline__ float r_at(const T* R, int NH, int n, int gate, int out, int in) {
-  return (gate < kGr && out < kD && in < kD) ? rnncc::to_float(R[(((long long)gate * NH + n) * kD + out) * kD + in]) : 0.0f;
-}
-
-// A lane's two adjacent units p[0], p[1] (backward): one access when the head dim is even
-// (both are inside it or neither is); else two, reading p[0] again for a second unit past the
-// head dim (hi false) and storing it only when inside, so no address outside the tensor is used.
-template <typename E>
-__device__ __forceinline__ void get2(const E* p, bool hi, E& lo_v, E& hi_v) {
-  if constexpr (kPaired) {
-    rnncc::load_pair(p, lo_v, hi_v);
-  } else {
-    lo_v = p[0];
-    hi_v = p[hi ? 1 : 0];
-  }
-}
-template <typename E>
-__device__ __forceinline__ void put2(E* p, bool hi, E lo_v, E hi_v) {
-  if constexpr (kPaired) {
-    rnncc::store_pair(p, lo_v, hi_v);
-  } else {
-    p[0] = lo_v;
-    if (hi) p[1] = hi_v;
-  }
-}
-
-// 16-bit inputs loaded ahead stay in their 32-bit registers exactly as loaded until the cell
-// reads them: any operation on a loaded value, even merging two 16-bit halves into one
-// register, waits for the load, and would bring a memory latency back into every step.
-//
-// bits_float: the 16-bit T in the low half of w (a load of one element), as float.
-template <typename T>
-__device__ __forceinline__ float bits_float(const uint32_t w) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    return __uint_as_float(w << 16);
-  } else {
-    return rnncc::to_float(__ushort_as_half((unsigned short)(w & 0xffffu)));
-  }
-}
-// A lane's two adjacent units as loaded by get2_raw: one 32-bit word (w[0]) when the head dim
-// is even, else one element per word.
-template <typename T>
-__device__ __forceinline__ void get2_raw(const T* p, bool hi, uint32_t (&w)[2]) {
-  if constexpr (kPaired) {
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-    w[1] = 0u;
-  } else {
-    w[0] = *reinterpret_cast<const unsigned short*>(p);
-    w[1] = *reinterpret_cast<const unsigned short*>(p + (hi ? 1 : 0));
-  }
-}
-template <typename T>
-__device__ __forceinline__ float raw_float(const uint32_t (&w)[2], const int q) {
-  if constexpr (kPaired) {
-    return q == 0 ? bits_float<T>(w[0]) : bits_float<T>(w[0] >> 16);
-  } else {
-    return bits_float<T>(w[q]);
-  }
-}
-
-// What the backward cell of one step reads from global memory for a lane's two elements
-// (batch row gb, units d0 and d0 + 1): W x and dy raw (get2_raw), converted where the cell
-// reads them (raw_float). The grid tier loads them with load_step_inputs, the block tier
-// reads them from its shared-memory ring (fused_mma.cuh.j2).
-template <typename T>
-struct StepInputs {
-  float s[kS][2];
-  uint32_t wx[kGx > 0 ? kGx : 1][2];
-  float rh[kGr > 0 ? kGr : 1][2];
-  uint32_t dy[kO][2];
-};
-
-// Step t's inputs of the lane (batch row gb of head n, units d0 and d0 + 1). The loads are
-// unconditional, as in the forwards' W x loads: masked elements read element 0; a lane's
-// two elements are adjacent units (get2).
-template <typename T>
-__device__ __forceinline__ void load_step_inputs(const rnncc_fused_bwd_args& a, const int t, const int n,
-                                                 const int gb, const int d0, StepInputs<T>& in) {
-  const long long NHD = (long long)a.NH * kD, yO = (long long)a.B * a.T * NHD;
-  const long long row = ((long long)t * a.NH + n) * a.B + gb;
-  const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
-  const long long x_at = live ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d0 : 0;
-  const long long y_at = live ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d0 : 0;
-  const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
-  const long long rh_at = live ? row * kRows + d0 : 0;
-#pragma unroll
-  for (int s = 0; s < kS; ++s) get2(a.hist + s_at + (long long)s * a.NH * a.B * kD, hi, in.s[s][0], in.s[s][1]);
-#pragma unroll
-  for (int k = 0; k < kGx; ++k) get2_raw(static_cast<const T*>(a.Wx) + x_at + k * NHD, hi, in.wx[k]);
-#pragma unroll
-  for (int k = 0; k < kGr; ++k) get2(a.rh + rh_at + k * kD, hi, in.rh[k][0], in.rh[k][1]);
-#pragma unroll
-  for (int o = 0; o < kO; ++o) get2_raw(static_cast<const T*>(a.dy) + y_at + o * yO, hi, in.dy[o]);
-}
-
-// The bias and param cotangents of a lane's two elements (batch row gb, units d0 and d0 + 1),
-// summed over time in registers (a lane keeps its elements for the whole sequence) and stored
-// once after the loop, one row per batch row: dGb [B, NH, Gb * D] and dP [B, NH, P * D]
-// (float); the host sums over the batch.
-struct SumOverTime {
-  float gb[kGb > 0 ? kGb : 1][2] = {};
-  float p[kP > 0 ? kP : 1][2] = {};
-
-  __device__ __forceinline__ void add(const float (&dgb)[kGb > 0 ? kGb : 1][2], const float (&dp)[kP > 0 ? kP : 1][2]) {
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) {
-      gb[k][0] += dgb[k][0];
-      gb[k][1] += dgb[k][1];
-    }
-#pragma unroll
-    for (int k = 0; k < kP; ++k) {
-      p[k][0] += dp[k][0];
-      p[k][1] += dp[k][1];
-    }
+  // The new states of one element.
+  template <class In>
+  __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
+    using rnncc::fast::rnncc_sigmoid;
+    using rnncc::fast::rnncc_tanh;
+    const float s_c = in.state(1);
+    const float g_i = in.wx(0) + in.rh(0) + in.bias(0);
+    const float g_f = in.wx(1) + in.rh(1) + in.bias(1);
+    const float g_z = in.wx(2) + in.rh(2) + in.bias(2);
+    const float g_o = in.wx(3) + in.rh(3) + in.bias(3);
+    const float new_c = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
+    next[0] = rnncc_sigmoid(g_o) * rnncc_tanh(new_c);
+    next[1] = new_c;
   }
 
-  __device__ __forceinline__ void store(const rnncc_fused_bwd_args& a, const int n, const int row, const int d0) const {
-    const bool hi = d0 + 1 < kD;
-    const long long at = (long long)row * a.NH + n;
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) put2(a.dGb + at * (kGb * kD) + k * kD + d0, hi, gb[k][0], gb[k][1]);
-#pragma unroll
-    for (int k = 0; k < kP; ++k) put2(a.dP + at * (kP * kD) + k * kD + d0, hi, p[k][0], p[k][1]);
-  }
-};
-// Tensor-core kernels, grid tier (bf16 / fp16), for heads whose R does not fit one SM: block
-// (u, head, batch chunk) owns UW tiles of 8 units, [8 UW u, 8 UW u + 8 UW) (UW = 1: narrow
-// blocks, 2: wide), and the chunk's NT x 8 batch rows, and keeps its part of R in registers as
-// mma fragments for the whole sequence, the product's k (h's units forward, the gate rows
-// backward) split over the block's warps. A cell warp owns one unit tile (ut) of 8 batch rows
-// (jt). A step:
-//
-// - forward: h of the step before, from every block of the head, through the exchange buffer
-//   (rnncc_mma.cuh: 16-bit values behind a counter per batch chunk, h in fragment order),
-//   each warp loading its k range's B fragments itself; each warp's part of R·h (the A tiles
-//   as in the block tier: two gates of a unit tile per tile) into shared memory; the cell
-//   warps sum the parts, run the generated cell (a lane: unit 8 (UW u + ut) + g, rows
-//   8 jt + 2c and + 1) and publish the new h;
-// - backward: the cell warps run the generated backward cell (a lane: rows 8 jt + g, units
-//   8 (UW u + ut) + 2c and + 1) and publish the gate cotangents (in fragment order); each warp
-//   loads its k range's fragments of dg from the exchange rows; each warp's part of dgᵀ·R
-//   (narrow: m = batch rows, 16 per tile, n = the 8 units; wide: m = the 16 units, n = 8 batch
-//   rows per tile); the cell warps sum the parts into the states' cotangents.
-//
-// Blocks of one head wait only for the values they read (the rows of their chunk), with no
-// grid-wide barrier. Every block of a launch must be resident at once: the launch is
-// cooperative, and the host side splits (head, chunk) pairs into as many launches as the GPU
-// needs (launch_grid, which also picks narrow or wide blocks and NT).
-//
-// Inputs are prefetched into L2 kL2Ahead steps before a register load of them.
-constexpr int kL2Ahead = 8;
-
-// The plan (traits) sizes each kernel: kGridKernels of them, kernel i with blocks of kGridUW[i]
-// tiles of 8 units (1: narrow, 2: wide) and kGridNT[i] tiles of 8 batch rows, kGridFwThreads[i]
-// and kGridBwThreads[i] threads, kGridFwSmem[i] and kGridBwSmem[i] bytes of dynamic shared
-// memory; the product's k split over kFwWarps[UW - 1] warps of kFwKT[UW - 1] k tiles (R·h) and
-// kBwWarps[UW - 1] of kBwKT[UW - 1] (dgᵀ·R); kXWords exchange values per (head, batch row): dg
-// in fragment order, whole pairs of k tiles (rnncc::frag_pos; h fits in them, in the same order).
-__host__ __device__ constexpr int grid_kernel_index(int nt, int uw) {
-  for (int i = 0; i < kGridKernels; ++i)
-    if (kGridNT[i] == nt && kGridUW[i] == uw) return i;
-  return -1;
-}
-constexpr int kBwGroup = 8;  // dgᵀ·R's k tiles whose fragments of dg are loaded at once
-constexpr int kUnitTiles = (kD + 7) / 8;  // tiles of 8 units per head
-static_assert(kXWords % 32 == 0 && kXWords >= kGTiles * 16, "the exchange holds a row's dg in whole k-tile pairs");
-static_assert(kBC == 8, "a block's batch rows are n tiles of 8");
-
-// Where (batch row r of the head, fragment-order position p) sits in an exchange slot: in
-// blocks of 8 rows x one pair of k tiles (32 values), so that a warp's 16-byte fragment loads
-// of one pair for 8 rows (lanes g, c: row g, values 8c..8c+7) read 512 adjacent bytes. Rows
-// past the batch are padding (a slot holds the batch rounded up to 8 rows per head).
-__device__ __forceinline__ long long xchg_at(int r, int p) {
-  return ((long long)(r >> 3) * (kXWords / 32) + (p >> 5)) * 256 + (r & 7) * 32 + (p & 31);
-}
-
-// The exchange of a block's head and batch chunk in a.xchg (rnncc_abi.h; the host sizes it in
-// attach_exchange): values [2][NH][B8 x kXWords] (16-bit, B8: B rounded up to 8 rows), slot s
-// (by step parity) at slot(s), a value at + xchg_at(row, position); then the counters
-// [NH][B8 / 8], one per 8-row group. The first counter of the 8-row groups that step together
-// counts their slices' steps: each cell warp (of a unit tile inside the head) adds 1 per step,
-// so a step's count is kUnitTiles x the cell warps of a unit tile's 8 rows (per_tile) x the live
-// 8-row groups among them (per_step).
-struct Exchange {
-  unsigned short* values;  // slot 0 of this head
-  long long slot_size;     // 16-bit values of one slot, every head
-  unsigned* counter;       // the chunk's first 8-row group's
-  int groups;              // the chunk's live 8-row groups
-  unsigned per_tile;       // counts per unit tile and 8-row group each step (its cell warps)
-
-  __device__ Exchange(unsigned* xchg, const int B, const int NH, const int n, const int b0, const int rows,
-                      const unsigned per_tile = 1)
-      : per_tile(per_tile) {
-    const long long B8 = (B + 7) / 8 * 8;
-    values = reinterpret_cast<unsigned short*>(xchg) + n * B8 * kXWords;
-    slot_size = NH * B8 * kXWords;
-    counter = xchg + slot_size + (long long)n * (B8 / 8) + b0 / 8;  // past both slots (32-bit words)
-    groups = (rows + 7) / 8;
-  }
-  __device__ __forceinline__ unsigned short* slot(const int s) const { return values + (s & 1) * slot_size; }
-  // A step's count on the counter of the chunk's 8-row groups [first, first + count).
-  __device__ __forceinline__ unsigned per_step(const int first, const int count) const {
-    const int live = groups - first < count ? groups - first : count;
-    return (unsigned)kUnitTiles * per_tile * (unsigned)(live > 0 ? live : 0);
+  // The cotangents of one element's old states, gate parts and params.
+  template <class In, class Out>
+  __device__ __forceinline__ static void backward(const In& in, const Out& out) {
+    using rnncc::fast::rnncc_sigmoid;
+    using rnncc::fast::rnncc_tanh;
+    const float s_c = in.state(1);
+    const float g_i = in.wx(0) + in.rh(0) + in.bias(0);
+    const float g_f = in.wx(1) + in.rh(1) + in.bias(1);
+    const float g_z = in.wx(2) + in.rh(2) + in.bias(2);
+    const float g_o = in.wx(3) + in.rh(3) + in.bias(3);
+    const float dn_h = in.dstate(0);
+    const float dn_c = in.dstate(1);
+    const float do_h = in.dout(0);
+    const float v_t0 = dn_h + do_h;
+    const float v_t1 = rnncc_sigmoid(g_o);
+    const float v_t2 = rnncc_sigmoid(g_f);
+    const float v_t3 = rnncc_sigmoid(g_i);
+    const float v_t4 = rnncc_tanh(g_z);
+    const float v_t5 = rnncc_tanh(v_t2 * s_c + v_t3 * v_t4);
+    const float v_t6 = dn_c + v_t0 * v_t1 * (1.0f - v_t5 * v_t5);
+    out.d_state(0, 0.0f);
+    out.d_state(1, v_t6 * v_t2);
+    const float d_i = v_t6 * v_t4 * (1.0f - v_t3) * v_t3;
+    out.d_wx(0, d_i);
+    out.d_rh(0, d_i);
+    out.d_bias(0, d_i);
+    const float d_f = v_t6 * s_c * (1.0f - v_t2) * v_t2;
+    out.d_wx(1, d_f);
+    out.d_rh(1, d_f);
+    out.d_bias(1, d_f);
+    const float d_z = v_t6 * v_t3 * (1.0f - v_t4 * v_t4);
+    out.d_wx(2, d_z);
+    out.d_rh(2, d_z);
+    out.d_bias(2, d_z);
+    const float d_o = v_t0 * v_t5 * (1.0f - v_t1) * v_t1;
+    out.d_wx(3, d_o);
+    out.d_rh(3, d_o);
+    out.d_bias(3, d_o);
   }
 };
 
-template <typename T, int NT, int UW>
-__global__ void __launch_bounds__(kGridFwThreads[grid_kernel_index(NT, UW)], 1)
-    fused_forward_grid(const rnncc_fused_args a, const int n0, const int c0) {
-  using rnncc::fast::rnncc_log;
-  using rnncc::fast::rnncc_logsigmoid;
-  using rnncc::fast::rnncc_sigmoid;
-  using rnncc::fast::rnncc_softplus;
-  using rnncc::fast::rnncc_tanh;
-  constexpr int kThreads = kGridFwThreads[grid_kernel_index(NT, UW)];
-  constexpr int kWarps = kFwWarps[UW - 1], kKT = kFwKT[UW - 1];  // product warps, k tiles of R·h each
-  constexpr int kMT = UW * kPairs;  // m tiles of R·h: the gate pairs of each unit tile
-  extern __shared__ __align__(16) unsigned char smem[];
-  // The chunk's n tiles in kSplit parts, each a recurrence of its own (its own counter): while
-  // one part's h crosses the exchange, the block runs the other's product and cell. Each part
-  // costs a wait of its own, so this pays only where the product is long: measured on the
-  // 1 x 768 LSTM forward kernel (H100, A/B in one run, µs per step), two parts took 5.6-5.7
-  // instead of 6.2 at B = 64 (NT = 8), but 3.9 instead of 2.5 at B = 16 (NT = 2) and 4.4
-  // instead of 3.4 at B = 32 (NT = 4); four parts at B = 64, 8.1.
-  constexpr int kSplit = NT == 8 && UW == 1 ? 2 : 1, kNTh = NT / kSplit;
-  // n tiles whose h fragments are loaded at once (wide: one, for its 168 registers per thread)
-  constexpr int kJ = kNTh < 2 || UW == 2 ? 1 : 2;
-  // A cell lane's batch rows: 8 jt + 2 c4 + q + qs for q < kQ. Where a narrow block has twice as
-  // many warps as n tiles, two cell warps share an n tile, one per row parity qs (kQ = 1): each
-  // lane sums and runs the cell for one row rather than two. Measured on the 1 x 768 LSTM forward
-  // kernel (H100, bf16, T = 1024, A/B in one run): 1.77-1.81 ms instead of 1.89-1.94 at B = 8
-  // (narrow, NT = 1). Not on wide blocks: at NT = 1 (B = 16) it gained nothing (1.86-1.87 ms
-  // against 1.85-1.90), at NT = 2 (B = 32) it lost (3.05-3.08 against 2.67-2.71), and ptxas
-  // spilled in both within their 168 registers per thread.
-  constexpr int kQ = UW == 1 && 2 * NT <= kWarps ? 1 : 2;
-  constexpr int kRowWarps = 2 / kQ;  // cell warps per (unit tile, n tile), one per row parity
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g8 = lane >> 2, c4 = lane & 3;
-  // a cell warp's unit tile, n tile (8 batch rows) and row parity
-  const int ut = warp % UW, jt = warp / UW % NT, qs = kQ == 2 ? 0 : warp / (UW * NT);
-  const int u = blockIdx.x, n = n0 + blockIdx.y, b0 = (c0 + blockIdx.z) * 8 * NT;
-  const int rows = a.B - b0 < 8 * NT ? a.B - b0 : 8 * NT;  // live batch rows of this block
-  const long long NHD = (long long)a.NH * kD;
-  const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
-  const T* states = static_cast<const T*>(a.states);
-  const int d = 8 * (UW * u + ut) + g8;  // a cell lane's unit
-  const int r0 = 8 * jt + 2 * c4 + qs;  // and its first batch row in the chunk (then + q)
-  const bool unit = d < kD, cell = warp < UW * NT * kRowWarps;
-  const bool counts = cell && 8 * (UW * u + ut) < kD;  // a cell warp of a unit tile inside the head
-  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);
-  // The warps' parts of R·h, [warp][m tile][n tile][row parity][lane], a cell lane's values
-  // together: the C fragment's 4 (float4, kQ = 2) or its 2 of a row parity (float2 c0, c2 and
-  // c1, c3, kQ = 1); summed over the warps kRedChunk parts at a time (rnncc::sum_parts).
-  typedef typename std::conditional<kQ == 2, float4, float2>::type Part;
-  Part* const red = reinterpret_cast<Part*>(smem);
-  constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
-
-  // A fragments of R, k tiles [kKT warp, kKT warp + kKT) (zero past the head); m tile m: gates
-  // 2p, 2p + 1 (p = m % kPairs) of unit tile m / kPairs.
-  uint32_t ra[kMT][kKT][4];
-#pragma unroll
-  for (int m = 0; m < kMT; ++m) {
-    const int p = m % kPairs, dr = 8 * (UW * u + m / kPairs) + g8;
-#pragma unroll
-    for (int i = 0; i < kKT; ++i) {
-      const T* R = static_cast<const T*>(a.R);
-      const int k0 = 16 * (kKT * warp + i) + 2 * c4;
-      ra[m][i][0] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0), r_at(R, a.NH, n, 2 * p, dr, k0 + 1));
-      ra[m][i][1] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 1));
-      ra[m][i][2] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0 + 8), r_at(R, a.NH, n, 2 * p, dr, k0 + 9));
-      ra[m][i][3] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 8), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 9));
-    }
-  }
-
-  float st[kS][2];  // [q]: slot 1 unused where kQ = 1, as in bv, pv and W x
-  float pv[kP > 0 ? kP : 1][2];
-  float bv[kGb > 0 ? kGb : 1][2];
-#pragma unroll
-  for (int q = 0; q < kQ; ++q) {
-    const int gb = b0 + r0 + q;
-    const bool live = cell && unit && gb < a.B;
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      st[s][q] = live ? rnncc::to_float(states[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
-      if (live && a.hist) a.hist[(((long long)s * a.NH + n) * a.B + gb) * kD + d] = st[s][q];
-    }
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) bv[k][q] = unit ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
-#pragma unroll
-    for (int p = 0; p < kP; ++p)
-      pv[p][q] = unit ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
-    if (kGr > 0 && live) rnncc::xchg_put(ex.slot(0) + xchg_at(gb, rnncc::frag_pos(d)), rnncc::from_float<T>(st[kRec][q]));
-  }
-  __syncwarp();
-  if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B) rnncc::xchg_count(ex.counter + jt / kNTh * kNTh);
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // outputs' stride (one output: unused)
-  const long long NBD = (long long)a.NH * a.B * kD;  // one state of the saved history
-  T* const Y = static_cast<T*>(a.y);
-
-  // W x of step t into w (cell lanes; unconditional loads, as in the block tier). Offsets are
-  // computed where used rather than kept: the wide kernels have no registers to spare.
-  typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];  // raw 16-bit elements (bits_float)
-  auto load_wx = [&](const int t, WxRegs& w) {
-    if (!cell) return;
-    const long long step_off = (long long)(t < a.T ? t : a.T - 1) * kGx * NHD;
-#pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      const int gb = b0 + r0 + q;
-      const bool live = unit && gb < a.B;
-      const long long at = (long long)gb * a.T * kGx * NHD + (long long)n * kD + d + step_off;
-      const unsigned short* Wx = static_cast<const unsigned short*>(a.Wx) + (live ? at : 0);
-#pragma unroll
-      for (int k = 0; k < kGx; ++k) w[k][q] = Wx[k * NHD];
-    }
-  };
-  const int units = kD - 8 * UW * u < 8 * UW ? kD - 8 * UW * u : 8 * UW;
-  rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 16 * UW, kThreads)> wx_l2;  // W x, kL2Ahead steps ahead
-  wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
-             (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
-  auto step = [&](const int t, WxRegs& wxv) {
-    if (t + kL2Ahead < a.T) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
-    for (int hf = 0; hf < kSplit; ++hf) {
-      if (b0 + 8 * kNTh * hf >= a.B) break;  // a part wholly past the batch (uniform in the block)
-      if (kGr > 0) {
-        // Each product warp loads its B fragments straight from the exchange rows (published in
-        // fragment order), kJ n tiles' loads in flight at once. In place of a copy of h into
-        // shared memory and a barrier, this took the 1 x 768 forward kernels 8-14 % less time
-        // (H200, B = 16 and 64).
-        rnncc::xchg_wait(ex.counter + kNTh * hf, (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh));
-        if (warp < kWarps) {
-          const unsigned short* const hx = ex.slot(t);
-#pragma unroll 1  // unrolled, ptxas hoists later tiles' loads and spills at NT = 8
-          for (int j0 = kNTh * hf; j0 < kNTh * hf + kNTh; j0 += kJ) {
-            uint32_t hb[kJ][kKT][2];
-#pragma unroll
-            for (int j = 0; j < kJ; ++j)
-              rnncc::load_fragments<kKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
-                                                      b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
-#pragma unroll
-            for (int j = 0; j < kJ; ++j) {  // n tile j0 + j: batch rows [8 (j0 + j), 8 (j0 + j) + 8) of the chunk
-              float acc[kMT][4];
-#pragma unroll
-              for (int m = 0; m < kMT; ++m)
-#pragma unroll
-                for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
-#pragma unroll
-              for (int i = 0; i < kKT; ++i) {
-                if (kKT * warp + i < kKTiles) {
-#pragma unroll
-                  for (int m = 0; m < kMT; ++m) rnncc::mma16816<T>(acc[m], ra[m][i], hb[j][i][0], hb[j][i][1]);
-                }
-              }
-#pragma unroll
-              for (int m = 0; m < kMT; ++m) {
-                Part* const r = red + ((warp * kMT + m) * NT + j0 + j) * 32 * kRowWarps + lane;
-                if constexpr (kQ == 2) {
-                  r[0] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
-                } else {
-                  r[0] = make_float2(acc[m][0], acc[m][2]);
-                  r[32] = make_float2(acc[m][1], acc[m][3]);
-                }
-              }
-            }
-          }
-        }
-        __syncthreads();
-      }
-      if (cell && jt / kNTh == hf) {
-        // C fragment values (gate 2 p + k % 2, row r0 + q) at acc[p][k % 2 * 2 + q], q < kQ
-        float acc[kPairs][4];
-#pragma unroll
-        for (int p = 0; p < kPairs; ++p) {
-          constexpr int kStride = kMT * NT * 32 * kRowWarps;  // one warp's parts
-          const Part* const r = red + ((ut * kPairs + p) * NT + jt) * 32 * kRowWarps + 32 * qs + lane;
-          const Part sum = kGr > 0 ? rnncc::sum_parts<kWarps, kRedChunk>(r, kStride) : Part{};
-          if constexpr (kQ == 2) {
-            acc[p][0] = sum.x;
-            acc[p][1] = sum.y;
-            acc[p][2] = sum.z;
-            acc[p][3] = sum.w;
-          } else {
-            acc[p][0] = sum.x;
-            acc[p][2] = sum.y;
-          }
-        }
-        // The step's output addresses of the lane's elements, as the generated stores spell them
-        // (the block tier keeps them as moving pointers; a grid step is long enough not to).
-        T* yp[2];
-        float* hp[2];
-#pragma unroll
-        for (int q = 0; q < kQ; ++q) {
-          const int gb = b0 + r0 + q;
-          yp[q] = Y + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
-          hp[q] = a.hist ? a.hist + (t + 1) * kS * NBD + ((long long)n * a.B + gb) * kD + d : nullptr;
-        }
-#pragma unroll
-        for (int q = 0; q < kQ; ++q) {
-          const int gb = b0 + r0 + q;
-          if (unit && gb < a.B) {
-            // leaves
-            const float s_c = st[1][q];
-            const float g_i = bits_float<T>(wxv[0][q]) + acc[0][q] + bv[0][q];
-            const float g_f = bits_float<T>(wxv[1][q]) + acc[0][2 + q] + bv[1][q];
-            const float g_z = bits_float<T>(wxv[2][q]) + acc[1][q] + bv[2][q];
-            const float g_o = bits_float<T>(wxv[3][q]) + acc[1][2 + q] + bv[3][q];
-            // the cell
-            const float new_c = rnncc_sigmoid(g_f) * s_c + rnncc_sigmoid(g_i) * rnncc_tanh(g_z);
-            // new states
-            const float new_h = rnncc_sigmoid(g_o) * rnncc_tanh(new_c);
-            // the new states into registers, h published
-            st[0][q] = new_h;
-            st[1][q] = new_c;
-            rnncc::xchg_put(ex.slot(t + 1) + xchg_at(gb, rnncc::frag_pos(d)), rnncc::from_float<T>(new_h));
-          }
-        }
-        __syncwarp();
-        if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)
-          rnncc::xchg_count(ex.counter + kNTh * hf);
-        // The outputs and what the backward reads, after the count: its release waits for every
-        // store the warp issued before it, and these are read only after the kernel.
-#pragma unroll
-        for (int q = 0; q < kQ; ++q) {
-          const int gb = b0 + r0 + q;
-          if (unit && gb < a.B) {
-            if (a.rh) {
-#pragma unroll
-              for (int k = 0; k < kGr; ++k) a.rh[(((long long)t * a.NH + n) * a.B + gb) * kRows + k * kD + d] = acc[k / 2][k % 2 * 2 + q];
-            }
-            yp[q][0] = rnncc::from_float<T>(st[0][q]);
-            if (a.hist) hp[q][0] = st[0][q];
-            if (a.hist) hp[q][NBD] = st[1][q];
-          }
-        }
-      }
-    }
-    load_wx(t + 2, wxv);  // after the cell's last read of it: two steps ahead
-  };
-
-  WxRegs wa, wb;
-  if (a.T > 0) {  // an empty sequence has no W x to read; else every load is clamped into it
-    load_wx(0, wa);
-    load_wx(1, wb);
-  }
-  int t = 0;
-  for (; t + 1 < a.T; t += 2) {
-    step(t, wa);
-    step(t + 1, wb);
-  }
-  if (t < a.T) step(t, wa);
-
-  if (cell) {
-#pragma unroll
-    for (int q = 0; q < kQ; ++q) {
-      const int gb = b0 + r0 + q;
-      if (unit && gb < a.B) {
-#pragma unroll
-        for (int s = 0; s < kS; ++s)
-          static_cast<T*>(a.last)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(st[s][q]);
-      }
-    }
-  }
-}
-
-template <typename T, int NT, int UW>
-__global__ void __launch_bounds__(kGridBwThreads[grid_kernel_index(NT, UW)], 1)
-    fused_backward_grid(const rnncc_fused_bwd_args a, const int n0, const int c0) {
-  using rnncc::fast::rnncc_log;
-  using rnncc::fast::rnncc_logsigmoid;
-  using rnncc::fast::rnncc_sigmoid;
-  using rnncc::fast::rnncc_softplus;
-  using rnncc::fast::rnncc_tanh;
-  constexpr int kThreads = kGridBwThreads[grid_kernel_index(NT, UW)];
-  constexpr int kWarps = kBwWarps[UW - 1], kKT = kBwKT[UW - 1];  // product warps, gate-row k tiles each
-  // Tiles of dgᵀ·R: narrow, m tiles of 16 batch rows; wide, n tiles of 8 (m: the block's 16 units).
-  constexpr int kMT = UW == 2 ? NT : (NT + 1) / 2;
-  constexpr int kMJ = kMT < 2 ? kMT : 2;  // tiles whose dg fragments are loaded at once
-  constexpr int kUnits = 8 * UW;  // units per block
-  extern __shared__ __align__(16) unsigned char smem[];
-  float* const red = reinterpret_cast<float*>(smem);  // the warps' parts of dgᵀ·R
-  float (*const bsm)[kUnits] = reinterpret_cast<float (*)[kUnits]>(red + kWarps * kMT * 4 * 32);  // [kGb][kUnits]
-  float (*const psm)[kUnits] = bsm + (kGb > 0 ? kGb : 1);  // [kP][kUnits]
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g8 = lane >> 2, c4 = lane & 3;
-  const int ut = warp % UW, jt = warp / UW;  // a cell warp's unit tile and 8 batch rows
-  const int u = blockIdx.x, n = n0 + blockIdx.y, b0 = (c0 + blockIdx.z) * 8 * NT;
-  const int rows = a.B - b0 < 8 * NT ? a.B - b0 : 8 * NT;
-  const int d_blk = kUnits * u;  // the block's first unit
-  const int gb = b0 + 8 * jt + g8;  // a cell lane's batch row; its units are d0 + q
-  const int d0 = d_blk + 8 * ut + 2 * c4;
-  const bool cell = warp < UW * NT;
-  const bool counts = cell && d_blk + 8 * ut < kD;  // a cell warp of a unit tile inside the head
-  const long long NHD = (long long)a.NH * kD;
-  const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
-  const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows);
-
-  // R's fragments, gate-row k tiles [kKT warp, kKT warp + kKT): narrow, B fragments (column j:
-  // unit d_blk + j); wide, A fragments of Rᵀ (row m: unit d_blk + m).
-  uint32_t rf[kKT][UW == 2 ? 4 : 2];
-#pragma unroll
-  for (int i = 0; i < kKT; ++i) {
-    const T* R = static_cast<const T*>(a.R);
-    const int r0 = 16 * (kKT * warp + i) + 2 * c4, r1 = r0 + 8, in = d_blk + g8;
-    auto rt = [&](const int r, const int d) {  // Rᵀ[d][r r + 1], packed
-      return rnncc::pack2<T>(r_at(R, a.NH, n, r / kKP, r % kKP, d), r_at(R, a.NH, n, (r + 1) / kKP, (r + 1) % kKP, d));
-    };
-    rf[i][0] = rt(r0, in);
-    if constexpr (UW == 2) {
-      rf[i][1] = rt(r0, in + 8);
-      rf[i][2] = rt(r1, in);
-      rf[i][3] = rt(r1, in + 8);
-    } else {
-      rf[i][1] = rt(r1, in);
-    }
-  }
-  if (threadIdx.x < kUnits) {
-    const int du = d_blk + threadIdx.x;
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) bsm[k][threadIdx.x] = du < kD ? rnncc::to_float(bias[k * NHD + du]) : 0.0f;
-#pragma unroll
-    for (int p = 0; p < kP; ++p)
-      psm[p][threadIdx.x] = du < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + du]) : 0.0f;
-  }
-  float ds[kS][2];
-  SumOverTime sums;
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int d = d0 + q;
-    const bool live = cell && d < kD && gb < a.B;
-#pragma unroll
-    for (int s = 0; s < kS; ++s)
-      ds[s][q] = live ? rnncc::to_float(static_cast<const T*>(a.dlast)[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
-  }
-  __syncthreads();
-
-  typedef StepInputs<T> Inputs;
-  const long long yO = (long long)a.B * a.T * NHD;
-  auto load_inputs = [&](const int t, Inputs& in) {
-    if (t >= 0 && cell) load_step_inputs(a, t, n, gb, d0, in);
-  };
-  const int units = kD - d_blk < kUnits ? kD - d_blk : kUnits;
-  // Step t's inputs of this block's units into L2: the addresses of step 0, moved per step.
-  const long long NB = (long long)a.NH * a.B;
-  rnncc::L2Stream<rnncc::l2_lines_per_thread(kS * 8 * NT, 4 * kUnits, kThreads)> hist_l2;
-  rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * (kGr > 0 ? kGr : 1), 4 * kUnits, kThreads)> rh_l2;
-  rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 2 * kUnits, kThreads)> wx_l2;
-  rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kO, 2 * kUnits, kThreads)> dy_l2;
-  hist_l2.init(a.hist + (long long)n * a.B * kD + (long long)b0 * kD + d_blk, NB * kD, kS, kD, rows, units, threadIdx.x,
-               kThreads);
-  if (kGr > 0)
-    rh_l2.init(a.rh + ((long long)n * a.B + b0) * kRows + d_blk, kRows, rows, kD, kGr, units, threadIdx.x, kThreads);
-  wx_l2.init(static_cast<const T*>(a.Wx) + (long long)b0 * a.T * kGx * NHD + (long long)n * kD + d_blk,
-             (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
-  dy_l2.init(static_cast<const T*>(a.dy) + (long long)b0 * a.T * NHD + (long long)n * kD + d_blk, (long long)a.T * NHD,
-             rows, yO, kO, units, threadIdx.x, kThreads);
-  auto prefetch = [&](const int t) {
-    hist_l2.prefetch((long long)t * kS * NB * kD * (long long)sizeof(float));
-    if (kGr > 0) rh_l2.prefetch((long long)t * NB * kRows * (long long)sizeof(float));
-    wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
-    dy_l2.prefetch((long long)t * NHD * (long long)sizeof(T));
-  };
-  // One buffer: step t - 1's inputs are loaded once the cell of step t is done with step t's,
-  // and arrive while the block waits for the other blocks' dg and runs the product.
-  auto step = [&](const int t, Inputs& cur) {
-    if (t - kL2Ahead >= 0) prefetch(t - kL2Ahead);
-    if (cell) {
-      float nd[kS][2];
-      struct {
-        float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
-      } o;
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        const int d = d0 + q;
-#pragma unroll
-        for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-        if (d < kD && gb < a.B) {
-          // leaves
-          const float s_c = cur.s[1][q];
-          const float g_i = raw_float<T>(cur.wx[0], q) + cur.rh[0][q] + bsm[0][d - d_blk];
-          const float g_f = raw_float<T>(cur.wx[1], q) + cur.rh[1][q] + bsm[1][d - d_blk];
-          const float g_z = raw_float<T>(cur.wx[2], q) + cur.rh[2][q] + bsm[2][d - d_blk];
-          const float g_o = raw_float<T>(cur.wx[3], q) + cur.rh[3][q] + bsm[3][d - d_blk];
-          const float dn_h = ds[0][q];
-          const float dn_c = ds[1][q];
-          const float do_h = raw_float<T>(cur.dy[0], q);
-          // the backward cell
-          const float v_t0 = dn_h + do_h;
-          const float v_t1 = rnncc_sigmoid(g_o);
-          const float v_t2 = rnncc_sigmoid(g_f);
-          const float v_t3 = rnncc_sigmoid(g_i);
-          const float v_t4 = rnncc_tanh(g_z);
-          const float v_t5 = rnncc_tanh(v_t2 * s_c + v_t3 * v_t4);
-          const float v_t6 = dn_c + v_t0 * v_t1 * (1.0f - v_t5 * v_t5);
-          // cotangents of the old states, the gates and the params
-          nd[0][q] = 0.0f;
-          nd[1][q] = v_t6 * v_t2;
-          const float d_i = v_t6 * v_t4 * (1.0f - v_t3) * v_t3;
-          o.wx[0][q] = d_i;
-          o.gr[0][q] = d_i;
-          o.gb[0][q] = d_i;
-          const float d_f = v_t6 * s_c * (1.0f - v_t2) * v_t2;
-          o.wx[1][q] = d_f;
-          o.gr[1][q] = d_f;
-          o.gb[1][q] = d_f;
-          const float d_z = v_t6 * v_t3 * (1.0f - v_t4 * v_t4);
-          o.wx[2][q] = d_z;
-          o.gr[2][q] = d_z;
-          o.gb[2][q] = d_z;
-          const float d_o = v_t0 * v_t5 * (1.0f - v_t1) * v_t1;
-          o.wx[3][q] = d_o;
-          o.gr[3][q] = d_o;
-          o.gb[3][q] = d_o;
-        }
-      }
-      T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD;
-      T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
-      const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
-      if (live) {
-        unsigned short* const xs = ex.slot(t);
-#pragma unroll
-        for (int k = 0; k < kGr; ++k) {
-          const T lo_v = rnncc::from_float<T>(o.gr[k][0]), hi_v = rnncc::from_float<T>(o.gr[k][1]);
-          if (hi)  // d0 even: its pair stays adjacent in fragment order
-            rnncc::xchg_put2(xs + xchg_at(gb, rnncc::frag_pos(k * kKP + d0)), lo_v, hi_v);
-          else
-            rnncc::xchg_put(xs + xchg_at(gb, rnncc::frag_pos(k * kKP + d0)), lo_v);
-        }
-        sums.add(o.gb, o.p);
-      }
-      __syncwarp();
-      if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)
-        rnncc::xchg_count(ex.counter);
-      // dWx and dGr after the count, as the forward's outputs: read only after the kernel.
-      if (live) {
-#pragma unroll
-        for (int k = 0; k < kGx; ++k)
-          put2(dWx + k * NHD + d0, hi, rnncc::from_float<T>(o.wx[k][0]), rnncc::from_float<T>(o.wx[k][1]));
-#pragma unroll
-        for (int k = 0; k < kGr; ++k)
-          put2(dGr + k * kD + d0, hi, rnncc::from_float<T>(o.gr[k][0]), rnncc::from_float<T>(o.gr[k][1]));
-      }
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
-    }
-    load_inputs(t - 1, cur);
-    if (kGr > 0) {
-      rnncc::xchg_wait(ex.counter, (unsigned)(a.T - t) * ex.per_step(0, NT));
-      if constexpr (UW == 1) {
-        if (warp < kWarps) {
-          // A fragments straight from the exchange rows (dg published in fragment order, as h in
-          // the forward): rows 16 m + g (a0, a2) and 16 m + 8 + g (a1, a3), kBwGroup k tiles'
-          // loads in flight at once. In place of a copy of dg into shared memory (H200, 1 x 768,
-          // T = 1024, backward kernel): B = 16 LSTM 6.03 -> 5.01 ms, GRU 5.61 -> 3.83, sLSTM
-          // 6.32 -> 5.26; but B = 64 LSTM 8.81 -> 10.01 (not understood: with 8 rows x 64 bytes
-          // per warp load rather than the blocked layout of xchg_at it was 11.6).
-          const unsigned short* const dgx = ex.slot(t);
-#pragma unroll 1  // as the forward's n tiles: unrolled, ptxas hoists later tiles' loads and spills
-          for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // m tiles m0 + j: batch rows [16 (m0 + j), + 16) of the chunk
-            float acc[kMJ][4];
-            bool lo_live[kMJ], hi_live[kMJ];
-#pragma unroll
-            for (int j = 0; j < kMJ; ++j) {
-              const int m = m0 + j;
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-              lo_live[j] = m < kMT && b0 + 16 * m + g8 < a.B;
-              hi_live[j] = m < kMT && 16 * m + 8 < NT * 8 && b0 + 16 * m + 8 + g8 < a.B;  // else rows 8-15 are zero
-            }
-#pragma unroll
-            for (int i0 = 0; i0 < kKT; i0 += kBwGroup) {
-              constexpr int kN = kBwGroup;
-              uint32_t lo[kMJ][kN][2], hi[kMJ][kN][2];
-#pragma unroll
-              for (int j = 0; j < kMJ; ++j) {
-                const int r = b0 + 16 * (m0 + j) + g8;
-                rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(r, 0), kKT * warp + i0, c4, lo_live[j], lo[j]);
-                rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(r + 8, 0), kKT * warp + i0, c4, hi_live[j], hi[j]);
-              }
-#pragma unroll
-              for (int j = 0; j < kMJ; ++j)
-#pragma unroll
-                for (int i = 0; i < kN; ++i) {
-                  if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
-                    const uint32_t ga[4] = {lo[j][i][0], hi[j][i][0], lo[j][i][1], hi[j][i][1]};
-                    rnncc::mma16816<T>(acc[j], ga, rf[i0 + i][0], rf[i0 + i][1]);
-                  }
-                }
-            }
-#pragma unroll
-            for (int j = 0; j < kMJ; ++j)
-              if (m0 + j < kMT) {
-#pragma unroll
-                for (int i = 0; i < 4; ++i) red[((warp * kMT + m0 + j) * 4 + i) * 32 + lane] = acc[j][i];
-              }
-          }
-        }
-      }
-      if constexpr (UW == 2) {
-        if (warp < kWarps) {
-          // Wide: m = the block's 16 units (Rᵀ's A fragments), n = 8 batch rows (dg's B fragments,
-          // the same registers as the narrow product's A fragments of one row).
-          const unsigned short* const dgx = ex.slot(t);
-#pragma unroll 1  // as the narrow product's m tiles
-          for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // n tiles m0 + j: batch rows [8 (m0 + j), + 8) of the chunk
-            float acc[kMJ][4];
-            bool live[kMJ];
-#pragma unroll
-            for (int j = 0; j < kMJ; ++j) {
-#pragma unroll
-              for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
-              live[j] = m0 + j < kMT && b0 + 8 * (m0 + j) + g8 < a.B;
-            }
-#pragma unroll
-            for (int i0 = 0; i0 < kKT; i0 += kBwGroup) {
-              constexpr int kN = kBwGroup;
-              uint32_t fb[kMJ][kN][2];
-#pragma unroll
-              for (int j = 0; j < kMJ; ++j)
-                rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(b0 + 8 * (m0 + j) + g8, 0), kKT * warp + i0, c4, live[j], fb[j]);
-#pragma unroll
-              for (int j = 0; j < kMJ; ++j)
-#pragma unroll
-                for (int i = 0; i < kN; ++i) {
-                  if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles)
-                    rnncc::mma16816<T>(acc[j], rf[i0 + i], fb[j][i][0], fb[j][i][1]);
-                }
-            }
-            // C rows g8 and g8 + 8 (units), columns 2 c4, + 1 (batch rows): red[warp][tile][unit][row].
-#pragma unroll
-            for (int j = 0; j < kMJ; ++j)
-              if (m0 + j < kMT) {
-                float* const r = red + ((warp * kMT + m0 + j) * 16 + g8) * 8 + 2 * c4;
-                *reinterpret_cast<float2*>(r) = make_float2(acc[j][0], acc[j][1]);
-                *reinterpret_cast<float2*>(r + 64) = make_float2(acc[j][2], acc[j][3]);
-              }
-          }
-        }
-      }
-      __syncthreads();
-      if (cell) {
-        // The warps' parts of the lane's two values, summed as the forward's (rnncc::sum_parts):
-        // the 1 x 768 LSTM's backward kernel took 2.86 ms instead of 3.05-3.06 with a running sum
-        // (H100, bf16, B = 16, A/B in one run), the same at B = 64.
-        constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
-#pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          const float* const r = UW == 2 ? red + ((jt * 16 + 8 * ut + 2 * c4 + q) * 8 + g8)
-                                         : red + (((warp / 2) * 4 + (warp % 2) * 2 + q) * 32 + lane);
-          ds[kRec][q] += rnncc::sum_parts<kWarps, kRedChunk>(r, kMT * (UW == 2 ? 16 * 8 : 4 * 32));
-        }
-      }
-    }
-  };
-
-  Inputs in;
-  load_inputs(a.T - 1, in);
-  for (int t = a.T - 1; t >= 0; --t) step(t, in);
-
-  if (cell) {
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int d = d0 + q;
-      if (d < kD && gb < a.B) {
-#pragma unroll
-        for (int s = 0; s < kS; ++s)
-          static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(ds[s][q]);
-      }
-    }
-    if (d0 < kD && gb < a.B) sums.store(a, n, gb, d0);
-  }
-}
-
-// The grid-tier kernels of one direction and storage type: the plan's table (traits) in its
-// order, launched as the plan says (rnncc.variants.grid_mma picks the kernel and splits the
-// (head, chunk) pairs over launches of at most one block per SM). Each launch is cooperative:
-// all its blocks are resident at once, or the launch fails.
-template <typename Args>
-struct GridKernel {
-  void (*fn)(Args, int, int);
-  int threads;
-  size_t smem;
-};
-constexpr int kSmemDevices = 64;  // devices whose shared memory limits are raised once and kept
-
-template <typename T, bool Fw, int I>
-constexpr auto grid_kernel() {
-  using Args = typename std::conditional<Fw, rnncc_fused_args, rnncc_fused_bwd_args>::type;
-  if constexpr (Fw)
-    return GridKernel<Args>{fused_forward_grid<T, kGridNT[I], kGridUW[I]>, kGridFwThreads[I], kGridFwSmem[I]};
-  else
-    return GridKernel<Args>{fused_backward_grid<T, kGridNT[I], kGridUW[I]>, kGridBwThreads[I], kGridBwSmem[I]};
-}
-
-template <typename T, bool Fw, typename Args, int... I>
-int grid_launch(const Args& a, const rnncc_launch& l, cudaStream_t stream, std::integer_sequence<int, I...>) {
-  static const GridKernel<Args> ks[kGridKernels] = {grid_kernel<T, Fw, I>()...};
-  static std::mutex lock;
-  static bool raised[kSmemDevices][kGridKernels] = {};
-  if (l.kernel < 0 || l.kernel >= kGridKernels) return (int)cudaErrorInvalidValue;
-  const GridKernel<Args>& k = ks[l.kernel];
-  const int chunks = (a.B + 8 * kGridNT[l.kernel] - 1) / (8 * kGridNT[l.kernel]);
-  if (l.threads != k.threads || (size_t)l.smem != k.smem || l.grid_x != (kUnitTiles + kGridUW[l.kernel] - 1) / kGridUW[l.kernel] ||
-      l.grid_y < 1 || l.grid_z < 1 || l.grid_z > chunks)
-    return (int)cudaErrorInvalidValue;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return (int)err;
-  {
-    const std::lock_guard<std::mutex> hold(lock);
-    if (dev >= kSmemDevices || !raised[dev][l.kernel]) {
-      err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem);
-      if (err != cudaSuccess) return (int)err;
-      if (dev < kSmemDevices) raised[dev][l.kernel] = true;
-    }
-  }
-  for (int n0 = 0; n0 < a.NH; n0 += l.grid_y) {
-    for (int c0 = 0; c0 < chunks; c0 += l.grid_z) {
-      const int nh = a.NH - n0 < l.grid_y ? a.NH - n0 : l.grid_y;
-      const int nc = chunks - c0 < l.grid_z ? chunks - c0 : l.grid_z;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3((unsigned)l.grid_x, (unsigned)nh, (unsigned)nc);
-      cfg.blockDim = dim3((unsigned)k.threads);
-      cfg.dynamicSmemBytes = k.smem;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeCooperative;
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      err = cudaLaunchKernelEx(&cfg, k.fn, a, n0, c0);
-      if (err != cudaSuccess) return (int)err;
-    }
-  }
-  return 0;
-}
-
-template <typename T, bool Fw, typename Args>
-int grid_launch(const Args& a, const rnncc_launch& l, cudaStream_t stream) {
-  return grid_launch<T, Fw>(a, l, stream, std::make_integer_sequence<int, kGridKernels>{});
-}
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
 
-// Storage dtypes of another variant return cudaErrorNotSupported; the plan never launches them.
 extern "C" int rnncc_fused_forward(const rnncc_fused_args* a, const rnncc_launch* launch, cudaStream_t stream) {
-  if (a->D != kD) return (int)cudaErrorInvalidValue;
-  if ((long long)a->NH * a->B == 0) return 0;
-  if (kGr > 0 && (a->xchg == nullptr || a->xchg_words != kXWords)) return (int)cudaErrorInvalidValue;
-  switch (a->dtype) {
-    case RNNCC_F16: return grid_launch<__half, true>(*a, *launch, stream);
-    case RNNCC_BF16: return grid_launch<__nv_bfloat16, true>(*a, *launch, stream);
-    default: return (int)cudaErrorNotSupported;
-  }
+  return rnncc::grid_mma::forward<Cell>(a, launch, stream);
 }
 
 extern "C" int rnncc_fused_backward(const rnncc_fused_bwd_args* a, const rnncc_launch* launch, cudaStream_t stream) {
-  if (a->D != kD) return (int)cudaErrorInvalidValue;
-  if ((long long)a->NH * a->B == 0) return 0;
-  if (kGr > 0 && (a->xchg == nullptr || a->xchg_words != kXWords)) return (int)cudaErrorInvalidValue;
-  switch (a->dtype) {
-    case RNNCC_F16: return grid_launch<__half, false>(*a, *launch, stream);
-    case RNNCC_BF16: return grid_launch<__nv_bfloat16, false>(*a, *launch, stream);
-    default: return (int)cudaErrorNotSupported;
-  }
+  return rnncc::grid_mma::backward<Cell>(a, launch, stream);
 }

@@ -25,358 +25,86 @@
 //       candidate = where(kh >= 0, kh + 0.5, sigmoid(kh))
 //       h = exp(-softplus(d)) * h + exp(-softplus(-d)) * candidate
 //   }
-// Fused persistent forward and backward of cell 'minlstm': one launch each (or one per
-// share of the heads and batch chunks) for the whole sequence; R, the states, the biases and
-// the params stay on chip for all T steps. Torch-free; launched by the host loop through
-// rnncc_abi.h with the plan's launch (rnncc_launch), which the entry points check against the
-// traits below.
-#include "rnncc_abi.h"
-#include "rnncc_ops.cuh"
+// The kernels are block_ffma.cuh's, templated on the struct Cell below: the cell's shape, the
+// plan's constants, and one element's forward and backward. Torch-free; the host loop calls
+// the entry points at the end through rnncc_abi.h.
+#include "block_ffma.cuh"
 
 namespace {
 
-constexpr int kS = 1;  // states: h
-constexpr int kO = 1;  // outputs: h
-constexpr int kGx = 3;  // W x gates: kf, ki, kh
-constexpr int kGr = 0;  // R h gates: none
-constexpr int kGb = 3;  // b gates: kf, ki, kh
-constexpr int kP = 0;  // params: none
-constexpr int kRec = 0;  // the recurrent state's index (unused when kGr == 0)
-constexpr int kD = 64;  // head dim (compile-time in this tier)
-constexpr int kBC = 8;  // batch rows per block; the last chunk is masked
-constexpr int kRows = kGr * kD;
-// The plan's compile-time constants (the variant's build record, in the header above).
-constexpr int kThreads = 128;
-constexpr int kGroups = 1;
-static_assert(kO >= 1 && kO <= kS, "the outputs are some of the states");
-static_assert(kGx >= 0 && kGb >= 0 && kP >= 0, "gate and param counts are non-negative");
+struct Cell {
+  static constexpr int kS = 1;  // states: h
+  static constexpr int kO = 1;  // outputs: h
+  static constexpr int kGx = 3;  // W x gates: kf, ki, kh
+  static constexpr int kGr = 0;  // R h gates: none
+  static constexpr int kGb = 3;  // b gates: kf, ki, kh
+  static constexpr int kP = 0;  // params: none
+  static constexpr int kRec = 0;  // the recurrent state: none
+  // The plan's constants.
+  static constexpr int kD = 64;
+  static constexpr int kBC = 8;
+  static constexpr int kThreads = 128;
+  static constexpr int kGroups = 1;
 
-// FFMA kernels (float32 storage): each thread keeps one row of the head's R in registers as
-// float, so the product is fp32-accurate. h lives in shared memory, transposed so that a
-// warp's reads of it are broadcasts. Per step: R·h (one row × kBC columns per thread), a block
-// barrier, the generated cell on kElemsPerThread elements per thread, a block barrier.
-constexpr int kElems = kBC * kD;
-constexpr int kElemsPerThread = (kElems + kThreads - 1) / kThreads;
-static_assert(kBC % 4 == 0, "h is read as float4 along the batch chunk");
-static_assert(kThreads % 32 == 0 && kThreads <= 1024, "whole warps, at most 1024 threads");
-static_assert(kRows <= kThreads, "one row of R per thread: the head's R rows must not outnumber the threads");
-static_assert(kD <= 64, "R rows live in registers: head dims above 64 need another tier");
-static_assert((kD * kBC + kBC * (kRows > 0 ? kRows : 1)) * 4 <= 48 * 1024,
-              "h and R·h must fit the 48 KiB of static shared memory");
+  // The state that output o is.
+  __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) fused_forward_ffma(const rnncc_fused_args a) {
-  __shared__ __align__(16) float hs[kD][kBC];
-  __shared__ float rhs[kBC][kRows > 0 ? kRows : 1];
-  const int tid = threadIdx.x;
-  const int n = blockIdx.x;
-  const int b0 = blockIdx.y * kBC;
-  const long long NHD = (long long)a.NH * kD;
-  const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
-  const T* states = static_cast<const T*>(a.states);
-
-  float rrow[kRows > 0 ? kD : 1];
-  if (kRows > 0 && tid < kRows) {
-    const int g = tid / kD, dout = tid % kD;
-    const T* R = static_cast<const T*>(a.R) + (((long long)g * a.NH + n) * kD + dout) * kD;
-#pragma unroll
-    for (int e = 0; e < kD; ++e) rrow[e] = rnncc::to_float(R[e]);
+  // The new states of one element.
+  template <class In>
+  __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
+    const float s_h = in.state(0);
+    const float g_kf = in.wx(0) + in.bias(0);
+    const float g_ki = in.wx(1) + in.bias(1);
+    const float g_kh = in.wx(2) + in.bias(2);
+    const float v_d = rnncc_softplus(-g_kf) - rnncc_softplus(-g_ki);
+    const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : rnncc_sigmoid(g_kh));
+    next[0] = rnncc_exp(-rnncc_softplus(v_d)) * s_h + rnncc_exp(-rnncc_softplus(-v_d)) * v_candidate;
   }
 
-  float st[kS][kElemsPerThread];
-  float pv[kP > 0 ? kP : 1][kElemsPerThread];
-  float bv[kGb > 0 ? kGb : 1][kElemsPerThread];
-#pragma unroll
-  for (int q = 0; q < kElemsPerThread; ++q) {
-    const int j = tid + q * kThreads;
-    const int b = j / kD, d = j % kD, gb = b0 + b;
-    const bool live = j < kElems && gb < a.B;
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      st[s][q] = live ? rnncc::to_float(states[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
-      if (live && a.hist) a.hist[(((long long)s * a.NH + n) * a.B + gb) * kD + d] = st[s][q];
-    }
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) bv[k][q] = j < kElems ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
-#pragma unroll
-    for (int p = 0; p < kP; ++p)
-      pv[p][q] = j < kElems ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
-    if (kGr > 0 && j < kElems) hs[d][b] = st[kRec][q];
+  // The cotangents of one element's old states, gate parts and params.
+  template <class In, class Out>
+  __device__ __forceinline__ static void backward(const In& in, const Out& out) {
+    const float s_h = in.state(0);
+    const float g_kf = in.wx(0) + in.bias(0);
+    const float g_ki = in.wx(1) + in.bias(1);
+    const float g_kh = in.wx(2) + in.bias(2);
+    const float dn_h = in.dstate(0);
+    const float do_h = in.dout(0);
+    const float v_t0 = dn_h + do_h;
+    const float v_t1 = -g_kf;
+    const float v_t2 = -g_ki;
+    const float v_d = rnncc_softplus(v_t1) - rnncc_softplus(v_t2);
+    const float v_t3 = rnncc_exp(-rnncc_softplus(v_d));
+    const float v_t4 = -v_d;
+    const float v_t5 = rnncc_sigmoid(g_kh);
+    const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : v_t5);
+    const float v_t6 = rnncc_exp(-rnncc_softplus(v_t4));
+    const float v_t7 = -(v_t0 * v_candidate * v_t6);
+    const float v_t8 = -(v_t0 * s_h * v_t3);
+    const float v_t9 = -(v_t4 > 20.0f ? v_t7 : v_t7 * rnncc_sigmoid(v_t4)) + (v_d > 20.0f ? v_t8 : v_t8 * rnncc_sigmoid(v_d));
+    const float v_t10 = -v_t9;
+    const float v_t11 = v_t0 * v_t6;
+    out.d_state(0, v_t0 * v_t3);
+    const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
+    out.d_wx(0, d_kf);
+    out.d_bias(0, d_kf);
+    const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
+    out.d_wx(1, d_ki);
+    out.d_bias(1, d_ki);
+    const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
+    out.d_wx(2, d_kh);
+    out.d_bias(2, d_kh);
   }
-  __syncthreads();
-
-  for (int t = 0; t < a.T; ++t) {
-    // This step's W x, loaded before R·h so that the loads' latency hides behind it.
-    float wxv[kGx > 0 ? kGx : 1][kElemsPerThread];
-#pragma unroll
-    for (int q = 0; q < kElemsPerThread; ++q) {
-      const int j = tid + q * kThreads;
-      const int b = j / kD, d = j % kD, gb = b0 + b;
-      const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
-#pragma unroll
-      for (int k = 0; k < kGx; ++k) wxv[k][q] = (j < kElems && gb < a.B) ? rnncc::to_float(Wx[k * NHD]) : 0.0f;
-    }
-    if (kRows > 0) {
-      if (tid < kRows) {
-        float acc[kBC];
-#pragma unroll
-        for (int c = 0; c < kBC; ++c) acc[c] = 0.0f;
-#pragma unroll
-        for (int e = 0; e < kD; ++e) {
-          const float r = rrow[e];
-#pragma unroll
-          for (int c = 0; c < kBC; c += 4) {
-            const float4 h4 = *reinterpret_cast<const float4*>(&hs[e][c]);
-            acc[c] = fmaf(r, h4.x, acc[c]);
-            acc[c + 1] = fmaf(r, h4.y, acc[c + 1]);
-            acc[c + 2] = fmaf(r, h4.z, acc[c + 2]);
-            acc[c + 3] = fmaf(r, h4.w, acc[c + 3]);
-          }
-        }
-#pragma unroll
-        for (int c = 0; c < kBC; ++c) {
-          rhs[c][tid] = acc[c];
-          if (a.rh && b0 + c < a.B)
-            a.rh[(((long long)t * a.NH + n) * a.B + b0 + c) * kRows + tid] = acc[c];
-        }
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int q = 0; q < kElemsPerThread; ++q) {
-      const int j = tid + q * kThreads;
-      const int b = j / kD, d = j % kD, gb = b0 + b;
-      if (j < kElems && gb < a.B) {
-        // leaves
-        const float s_h = st[0][q];
-        const float g_kf = wxv[0][q] + bv[0][q];
-        const float g_ki = wxv[1][q] + bv[1][q];
-        const float g_kh = wxv[2][q] + bv[2][q];
-        // the cell
-        const float v_d = rnncc_softplus(-g_kf) - rnncc_softplus(-g_ki);
-        const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : rnncc_sigmoid(g_kh));
-        // new states
-        const float new_h = rnncc_exp(-rnncc_softplus(v_d)) * s_h + rnncc_exp(-rnncc_softplus(-v_d)) * v_candidate;
-        // stores
-        st[0][q] = new_h;
-        static_cast<T*>(a.y)[(((long long)0 * a.B + gb) * a.T + t) * NHD + (long long)n * kD + d] = rnncc::from_float<T>(new_h);
-        if (a.hist) a.hist[((((long long)(t + 1) * kS + 0) * a.NH + n) * a.B + gb) * kD + d] = new_h;
-      }
-    }
-    __syncthreads();
-  }
-
-#pragma unroll
-  for (int q = 0; q < kElemsPerThread; ++q) {
-    const int j = tid + q * kThreads;
-    const int b = j / kD, d = j % kD, gb = b0 + b;
-    if (j < kElems && gb < a.B) {
-#pragma unroll
-      for (int s = 0; s < kS; ++s)
-        static_cast<T*>(a.last)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(st[s][q]);
-    }
-  }
-}
-
-// kGroups (traits): row slices of the Rᵀ·dg product.
-constexpr int kSlice = kRows > 0 ? (kRows + kGroups - 1) / kGroups : 1;
-static_assert(kRows == 0 || kGroups >= 1, "at least one thread per column of R");
-static_assert((kD * kBC * (kRows > 0 ? kGroups : 1) + kBC * (kRows > 0 ? kRows : 1)) * 4 <= 48 * 1024,
-              "dg and the Rᵀ·dg partial sums must fit the 48 KiB of static shared memory");
-
-// Backward, block tier: per step from the last, the generated backward cell on this thread's
-// elements (old states from hist, gates from W x + saved R·h + b), then dh += Rᵀ·dg with the
-// rows of R split into kGroups slices (column `me` of R's slice in registers) and the slices'
-// partial sums added through shared memory.
-template <typename T>
-__global__ void __launch_bounds__(kThreads, 1) fused_backward_ffma(const rnncc_fused_bwd_args a) {
-  __shared__ __align__(16) float dgs[kRows > 0 ? kRows : 1][kBC];
-  __shared__ __align__(16) float red[kRows > 0 ? kGroups : 1][kD][kBC];
-  const int tid = threadIdx.x;
-  const int n = blockIdx.x;
-  const int b0 = blockIdx.y * kBC;
-  const long long NHD = (long long)a.NH * kD;
-  const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
-  const int me = tid % kD, grp = tid / kD;
-  const bool in_product = kRows > 0 && grp < kGroups;
-
-  float rcol[kSlice];
-#pragma unroll
-  for (int i = 0; i < kSlice; ++i) {
-    const int r = grp * kSlice + i;
-    rcol[i] = 0.0f;
-    if (in_product && r < kRows) {
-      const int g = r / kD, dout = r % kD;
-      rcol[i] = rnncc::to_float(static_cast<const T*>(a.R)[(((long long)g * a.NH + n) * kD + dout) * kD + me]);
-    }
-  }
-
-  float ds[kS][kElemsPerThread];
-  float pv[kP > 0 ? kP : 1][kElemsPerThread];
-  float bv[kGb > 0 ? kGb : 1][kElemsPerThread];
-  float gbacc[kGb > 0 ? kGb : 1][kElemsPerThread];  // the bias and param cotangents, summed over time
-  float pacc[kP > 0 ? kP : 1][kElemsPerThread];
-#pragma unroll
-  for (int q = 0; q < kElemsPerThread; ++q) {
-    const int j = tid + q * kThreads;
-    const int b = j / kD, d = j % kD, gb = b0 + b;
-    const bool live = j < kElems && gb < a.B;
-#pragma unroll
-    for (int s = 0; s < kS; ++s)
-      ds[s][q] = live ? rnncc::to_float(static_cast<const T*>(a.dlast)[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) bv[k][q] = j < kElems ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
-#pragma unroll
-    for (int p = 0; p < kP; ++p)
-      pv[p][q] = j < kElems ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
-#pragma unroll
-    for (int k = 0; k < (kGb > 0 ? kGb : 1); ++k) gbacc[k][q] = 0.0f;
-#pragma unroll
-    for (int p = 0; p < (kP > 0 ? kP : 1); ++p) pacc[p][q] = 0.0f;
-  }
-
-  for (int t = a.T - 1; t >= 0; --t) {
-    float nd[kS][kElemsPerThread];
-#pragma unroll
-    for (int q = 0; q < kElemsPerThread; ++q) {
-      const int j = tid + q * kThreads;
-      const int b = j / kD, d = j % kD, gb = b0 + b;
-#pragma unroll
-      for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-      if (j < kElems && gb < a.B) {
-        // What the generated backward cell reads and writes (a cell may leave some unused).
-        [[maybe_unused]] const long long row = ((long long)t * a.NH + n) * a.B + gb;  // (t, n, gb) of rh
-        [[maybe_unused]] const long long grow = ((long long)n * a.T + t) * a.B + gb;  // (n, t, gb) of dGr
-        [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
-        [[maybe_unused]] const T* dy = static_cast<const T*>(a.dy) + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
-        [[maybe_unused]] T* dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
-        [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
-        // leaves
-        const float s_h = a.hist[((((long long)t * kS + 0) * a.NH + n) * a.B + gb) * kD + d];
-        const float g_kf = rnncc::to_float(Wx[0]) + bv[0][q];
-        const float g_ki = rnncc::to_float(Wx[NHD]) + bv[1][q];
-        const float g_kh = rnncc::to_float(Wx[2 * NHD]) + bv[2][q];
-        const float dn_h = ds[0][q];
-        const float do_h = rnncc::to_float(dy[0]);
-        // the backward cell
-        const float v_t0 = dn_h + do_h;
-        const float v_t1 = -g_kf;
-        const float v_t2 = -g_ki;
-        const float v_d = rnncc_softplus(v_t1) - rnncc_softplus(v_t2);
-        const float v_t3 = rnncc_exp(-rnncc_softplus(v_d));
-        const float v_t4 = -v_d;
-        const float v_t5 = rnncc_sigmoid(g_kh);
-        const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : v_t5);
-        const float v_t6 = rnncc_exp(-rnncc_softplus(v_t4));
-        const float v_t7 = -(v_t0 * v_candidate * v_t6);
-        const float v_t8 = -(v_t0 * s_h * v_t3);
-        const float v_t9 = -(v_t4 > 20.0f ? v_t7 : v_t7 * rnncc_sigmoid(v_t4)) + (v_d > 20.0f ? v_t8 : v_t8 * rnncc_sigmoid(v_d));
-        const float v_t10 = -v_t9;
-        const float v_t11 = v_t0 * v_t6;
-        // cotangents of the old states, the gates and the params
-        nd[0][q] = v_t0 * v_t3;
-        const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
-        dWx[0] = rnncc::from_float<T>(d_kf);
-        gbacc[0][q] += d_kf;
-        const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
-        dWx[NHD] = rnncc::from_float<T>(d_ki);
-        gbacc[1][q] += d_ki;
-        const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
-        dWx[2 * NHD] = rnncc::from_float<T>(d_kh);
-        gbacc[2][q] += d_kh;
-      } else if (j < kElems) {
-#pragma unroll
-        for (int r = 0; r < kGr; ++r) dgs[r * kD + d][b] = 0.0f;
-      }
-    }
-    __syncthreads();
-    if (kRows > 0) {
-      if (in_product) {
-        float acc[kBC];
-#pragma unroll
-        for (int c = 0; c < kBC; ++c) acc[c] = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kSlice; ++i) {
-          const int r = grp * kSlice + i;
-          if (r < kRows) {
-            const float w = rcol[i];
-#pragma unroll
-            for (int c = 0; c < kBC; c += 4) {
-              const float4 g4 = *reinterpret_cast<const float4*>(&dgs[r][c]);
-              acc[c] = fmaf(w, g4.x, acc[c]);
-              acc[c + 1] = fmaf(w, g4.y, acc[c + 1]);
-              acc[c + 2] = fmaf(w, g4.z, acc[c + 2]);
-              acc[c + 3] = fmaf(w, g4.w, acc[c + 3]);
-            }
-          }
-        }
-#pragma unroll
-        for (int c = 0; c < kBC; ++c) red[grp][me][c] = acc[c];
-      }
-      __syncthreads();
-    }
-#pragma unroll
-    for (int q = 0; q < kElemsPerThread; ++q) {
-      const int j = tid + q * kThreads;
-      const int b = j / kD, d = j % kD;
-#pragma unroll
-      for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
-      if (kRows > 0 && j < kElems) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int g = 0; g < (kRows > 0 ? kGroups : 1); ++g) sum += red[g][d][b];
-        ds[kRec][q] += sum;
-      }
-    }
-  }
-
-#pragma unroll
-  for (int q = 0; q < kElemsPerThread; ++q) {
-    const int j = tid + q * kThreads;
-    const int b = j / kD, d = j % kD, gb = b0 + b;
-    if (j < kElems && gb < a.B) {
-#pragma unroll
-      for (int s = 0; s < kS; ++s)
-        static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(ds[s][q]);
-#pragma unroll
-      for (int k = 0; k < kGb; ++k) a.dGb[((long long)gb * a.NH + n) * (kGb * kD) + k * kD + d] = gbacc[k][q];
-#pragma unroll
-      for (int p = 0; p < kP; ++p) a.dP[((long long)gb * a.NH + n) * (kP * kD) + p * kD + d] = pacc[p][q];
-    }
-  }
-}
+};
 
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
 
-// Storage dtypes of another variant return cudaErrorNotSupported; the plan never launches them.
 extern "C" int rnncc_fused_forward(const rnncc_fused_args* a, const rnncc_launch* launch, cudaStream_t stream) {
-  if (a->D != kD) return (int)cudaErrorInvalidValue;
-  if ((long long)a->NH * a->B == 0) return 0;
-  const rnncc_launch& l = *launch;
-  if (l.kernel != 0 || l.threads != kThreads || l.smem != 0 || l.grid_x != a->NH ||
-      l.grid_y != (a->B + kBC - 1) / kBC || l.grid_z != 1)
-    return (int)cudaErrorInvalidValue;
-  const dim3 grid((unsigned)l.grid_x, (unsigned)l.grid_y);
-  switch (a->dtype) {
-    case RNNCC_F32: fused_forward_ffma<float><<<grid, kThreads, 0, stream>>>(*a); break;
-    default: return (int)cudaErrorNotSupported;
-  }
-  return (int)cudaGetLastError();
+  return rnncc::block_ffma::forward<Cell>(a, launch, stream);
 }
 
 extern "C" int rnncc_fused_backward(const rnncc_fused_bwd_args* a, const rnncc_launch* launch, cudaStream_t stream) {
-  if (a->D != kD) return (int)cudaErrorInvalidValue;
-  if ((long long)a->NH * a->B == 0) return 0;
-  const rnncc_launch& l = *launch;
-  if (l.kernel != 0 || l.threads != kThreads || l.smem != 0 ||
-      l.grid_x != a->NH || l.grid_y != (a->B + kBC - 1) / kBC || l.grid_z != 1)
-    return (int)cudaErrorInvalidValue;
-  const dim3 grid((unsigned)l.grid_x, (unsigned)l.grid_y);
-  switch (a->dtype) {
-    case RNNCC_F32: fused_backward_ffma<float><<<grid, kThreads, 0, stream>>>(*a); break;
-    default: return (int)cudaErrorNotSupported;
-  }
-  return (int)cudaGetLastError();
+  return rnncc::block_ffma::backward<Cell>(a, launch, stream);
 }

@@ -25,136 +25,83 @@
 //       candidate = where(kh >= 0, kh + 0.5, sigmoid(kh))
 //       h = exp(-softplus(d)) * h + exp(-softplus(-d)) * candidate
 //   }
-// Per-step pointwise kernels of cell 'minlstm' for rnncc's stepwise backend: one thread
-// per (head, batch row, unit), float32 math for every storage dtype. Torch-free; the host
-// loop (stepwise_host.cpp) calls the extern "C" launchers through rnncc_abi.h.
-#include "rnncc_abi.h"
-#include "rnncc_ops.cuh"
+// The kernels are stepwise.cuh's, templated on the struct Cell below: the cell's shape, the
+// plan's constants, and one element's forward and backward. Torch-free; the host loop calls
+// the entry points at the end through rnncc_abi.h.
+#include "stepwise.cuh"
 
 namespace {
 
-constexpr int kS = 1;  // states: h
-constexpr int kO = 1;  // outputs: h
-constexpr int kGx = 3;  // W x gates: kf, ki, kh
-constexpr int kGr = 0;  // R h gates: none
-constexpr int kGb = 3;  // b gates: kf, ki, kh
-constexpr int kP = 0;  // params: none
-constexpr int kThreads = 256;  // the plan's
-static_assert(kS >= 1, "a cell has at least one state");
-static_assert(kO >= 1 && kO <= kS, "the outputs are some of the states");
+struct Cell {
+  static constexpr int kS = 1;  // states: h
+  static constexpr int kO = 1;  // outputs: h
+  static constexpr int kGx = 3;  // W x gates: kf, ki, kh
+  static constexpr int kGr = 0;  // R h gates: none
+  static constexpr int kGb = 3;  // b gates: kf, ki, kh
+  static constexpr int kP = 0;  // params: none
+  static constexpr int kRec = 0;  // the recurrent state: none
+  // The plan's constants.
+  static constexpr int kThreads = 256;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + ((long long)n * a.B + b) * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  T* y = static_cast<T*>(a.y) + bt * NHD + hd;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
-  // leaves
-  const float s_h = a.s_old[i];
-  const float g_kf = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
-  const float g_ki = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
-  const float g_kh = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[2 * NHD]);
-  // the cell
-  const float v_d = rnncc_softplus(-g_kf) - rnncc_softplus(-g_ki);
-  const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : rnncc_sigmoid(g_kh));
-  // new states
-  const float new_h = rnncc_exp(-rnncc_softplus(v_d)) * s_h + rnncc_exp(-rnncc_softplus(-v_d)) * v_candidate;
-  // stores
-  a.s_new[i] = new_h;
-  y[0] = rnncc::from_float<T>(new_h);
-}
+  // The state that output o is.
+  __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  const long long nb = (long long)n * a.B + b;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + nb * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  [[maybe_unused]] const T* dy = static_cast<const T*>(a.dy) + bt * NHD + hd;
-  [[maybe_unused]] T* dWx = static_cast<T*>(a.dWx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] float* dGr = a.dGr + nb * kGr * a.D + d;
-  [[maybe_unused]] float* dGb = a.dGb + nb * kGb * a.D + d;
-  [[maybe_unused]] float* dP = a.dP + nb * kP * a.D + d;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
-  // leaves
-  const float s_h = a.s_old[i];
-  const float g_kf = rnncc::to_float(Wx[0]) + rnncc::to_float(bias[0]);
-  const float g_ki = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[NHD]);
-  const float g_kh = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[2 * NHD]);
-  const float dn_h = a.ds_new[i];
-  const float do_h = rnncc::to_float(dy[0]);
-  // the backward cell
-  const float v_t0 = dn_h + do_h;
-  const float v_t1 = -g_kf;
-  const float v_t2 = -g_ki;
-  const float v_d = rnncc_softplus(v_t1) - rnncc_softplus(v_t2);
-  const float v_t3 = rnncc_exp(-rnncc_softplus(v_d));
-  const float v_t4 = -v_d;
-  const float v_t5 = rnncc_sigmoid(g_kh);
-  const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : v_t5);
-  const float v_t6 = rnncc_exp(-rnncc_softplus(v_t4));
-  const float v_t7 = -(v_t0 * v_candidate * v_t6);
-  const float v_t8 = -(v_t0 * s_h * v_t3);
-  const float v_t9 = -(v_t4 > 20.0f ? v_t7 : v_t7 * rnncc_sigmoid(v_t4)) + (v_d > 20.0f ? v_t8 : v_t8 * rnncc_sigmoid(v_d));
-  const float v_t10 = -v_t9;
-  const float v_t11 = v_t0 * v_t6;
-  // cotangents of the old states, the gates and the params
-  a.ds_old[i] = v_t0 * v_t3;
-  const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
-  dWx[0] = rnncc::from_float<T>(d_kf);
-  dGb[0] = d_kf;
-  const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
-  dWx[NHD] = rnncc::from_float<T>(d_ki);
-  dGb[a.D] = d_ki;
-  const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
-  dWx[2 * NHD] = rnncc::from_float<T>(d_kh);
-  dGb[2 * a.D] = d_kh;
-}
-
-int launch(void (*f32)(rnncc_step_args), void (*f16)(rnncc_step_args),
-           void (*bf16)(rnncc_step_args), const rnncc_step_args* a, cudaStream_t stream) {
-  const long long n = (long long)a->NH * a->B * a->D;
-  if (n == 0) return 0;
-  const unsigned blocks = (unsigned)((n + kThreads - 1) / kThreads);
-  switch (a->dtype) {
-    case RNNCC_F32: f32<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_F16: f16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_BF16: bf16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    default: return (int)cudaErrorInvalidValue;
+  // The new states of one element.
+  template <class In>
+  __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
+    const float s_h = in.state(0);
+    const float g_kf = in.wx(0) + in.bias(0);
+    const float g_ki = in.wx(1) + in.bias(1);
+    const float g_kh = in.wx(2) + in.bias(2);
+    const float v_d = rnncc_softplus(-g_kf) - rnncc_softplus(-g_ki);
+    const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : rnncc_sigmoid(g_kh));
+    next[0] = rnncc_exp(-rnncc_softplus(v_d)) * s_h + rnncc_exp(-rnncc_softplus(-v_d)) * v_candidate;
   }
-  return (int)cudaGetLastError();
-}
+
+  // The cotangents of one element's old states, gate parts and params.
+  template <class In, class Out>
+  __device__ __forceinline__ static void backward(const In& in, const Out& out) {
+    const float s_h = in.state(0);
+    const float g_kf = in.wx(0) + in.bias(0);
+    const float g_ki = in.wx(1) + in.bias(1);
+    const float g_kh = in.wx(2) + in.bias(2);
+    const float dn_h = in.dstate(0);
+    const float do_h = in.dout(0);
+    const float v_t0 = dn_h + do_h;
+    const float v_t1 = -g_kf;
+    const float v_t2 = -g_ki;
+    const float v_d = rnncc_softplus(v_t1) - rnncc_softplus(v_t2);
+    const float v_t3 = rnncc_exp(-rnncc_softplus(v_d));
+    const float v_t4 = -v_d;
+    const float v_t5 = rnncc_sigmoid(g_kh);
+    const float v_candidate = (g_kh >= 0.0f ? g_kh + 0.5f : v_t5);
+    const float v_t6 = rnncc_exp(-rnncc_softplus(v_t4));
+    const float v_t7 = -(v_t0 * v_candidate * v_t6);
+    const float v_t8 = -(v_t0 * s_h * v_t3);
+    const float v_t9 = -(v_t4 > 20.0f ? v_t7 : v_t7 * rnncc_sigmoid(v_t4)) + (v_d > 20.0f ? v_t8 : v_t8 * rnncc_sigmoid(v_d));
+    const float v_t10 = -v_t9;
+    const float v_t11 = v_t0 * v_t6;
+    out.d_state(0, v_t0 * v_t3);
+    const float d_kf = -(v_t1 > 20.0f ? v_t9 : v_t9 * rnncc_sigmoid(v_t1));
+    out.d_wx(0, d_kf);
+    out.d_bias(0, d_kf);
+    const float d_ki = -(v_t2 > 20.0f ? v_t10 : v_t10 * rnncc_sigmoid(v_t2));
+    out.d_wx(1, d_ki);
+    out.d_bias(1, d_ki);
+    const float d_kh = (g_kh >= 0.0f ? 0.0f : v_t11) * (1.0f - v_t5) * v_t5 + (g_kh >= 0.0f ? v_t11 : 0.0f);
+    out.d_wx(2, d_kh);
+    out.d_bias(2, d_kh);
+  }
+};
 
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
 
 extern "C" int rnncc_forward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(forward_step<float>, forward_step<__half>, forward_step<__nv_bfloat16>, a, stream);
+  return rnncc::stepwise::forward<Cell>(a, stream);
 }
 
 extern "C" int rnncc_backward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(backward_step<float>, backward_step<__half>, backward_step<__nv_bfloat16>, a,
-                stream);
+  return rnncc::stepwise::backward<Cell>(a, stream);
 }

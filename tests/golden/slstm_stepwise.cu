@@ -34,168 +34,115 @@
 //       m = m_new
 //       h = sigmoid(o) * c / n
 //   }
-// Per-step pointwise kernels of cell 'slstm' for rnncc's stepwise backend: one thread
-// per (head, batch row, unit), float32 math for every storage dtype. Torch-free; the host
-// loop (stepwise_host.cpp) calls the extern "C" launchers through rnncc_abi.h.
-#include "rnncc_abi.h"
-#include "rnncc_ops.cuh"
+// The kernels are stepwise.cuh's, templated on the struct Cell below: the cell's shape, the
+// plan's constants, and one element's forward and backward. Torch-free; the host loop calls
+// the entry points at the end through rnncc_abi.h.
+#include "stepwise.cuh"
 
 namespace {
 
-constexpr int kS = 4;  // states: h, c, n, m
-constexpr int kO = 1;  // outputs: h
-constexpr int kGx = 4;  // W x gates: i, f, z, o
-constexpr int kGr = 4;  // R h gates: i, f, z, o
-constexpr int kGb = 4;  // b gates: i, f, z, o
-constexpr int kP = 0;  // params: none
-constexpr int kThreads = 256;  // the plan's
-static_assert(kS >= 1, "a cell has at least one state");
-static_assert(kO >= 1 && kO <= kS, "the outputs are some of the states");
+struct Cell {
+  static constexpr int kS = 4;  // states: h, c, n, m
+  static constexpr int kO = 1;  // outputs: h
+  static constexpr int kGx = 4;  // W x gates: i, f, z, o
+  static constexpr int kGr = 4;  // R h gates: i, f, z, o
+  static constexpr int kGb = 4;  // b gates: i, f, z, o
+  static constexpr int kP = 0;  // params: none
+  static constexpr int kRec = 0;  // the recurrent state: h
+  // The plan's constants.
+  static constexpr int kThreads = 256;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + ((long long)n * a.B + b) * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  T* y = static_cast<T*>(a.y) + bt * NHD + hd;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
-  // leaves
-  const float s_c = a.s_old[NBD + i];
-  const float s_n = a.s_old[2 * NBD + i];
-  const float s_m = a.s_old[3 * NBD + i];
-  const float g_i = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
-  const float g_f = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
-  const float g_z = rnncc::to_float(Wx[2 * NHD]) + Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
-  const float g_o = rnncc::to_float(Wx[3 * NHD]) + Rh[3 * a.D] + rnncc::to_float(bias[3 * NHD]);
-  // the cell
-  const float v_logf = rnncc_logsigmoid(g_f);
-  const float v_t0 = v_logf + s_m;
-  const float new_m = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
-  const float v_fg = rnncc_exp(v_t0 - new_m);
-  const float v_ig = rnncc_exp(g_i - new_m);
-  const float new_c = v_fg * s_c + v_ig * rnncc_tanh(g_z);
-  const float new_n = v_fg * s_n + v_ig;
-  // new states
-  const float new_h = rnncc_sigmoid(g_o) * new_c / new_n;
-  // stores
-  a.s_new[i] = new_h;
-  a.s_new[NBD + i] = new_c;
-  a.s_new[2 * NBD + i] = new_n;
-  a.s_new[3 * NBD + i] = new_m;
-  y[0] = rnncc::from_float<T>(new_h);
-}
+  // The state that output o is.
+  __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  const long long nb = (long long)n * a.B + b;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + nb * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  [[maybe_unused]] const T* dy = static_cast<const T*>(a.dy) + bt * NHD + hd;
-  [[maybe_unused]] T* dWx = static_cast<T*>(a.dWx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] float* dGr = a.dGr + nb * kGr * a.D + d;
-  [[maybe_unused]] float* dGb = a.dGb + nb * kGb * a.D + d;
-  [[maybe_unused]] float* dP = a.dP + nb * kP * a.D + d;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
-  // leaves
-  const float s_c = a.s_old[NBD + i];
-  const float s_n = a.s_old[2 * NBD + i];
-  const float s_m = a.s_old[3 * NBD + i];
-  const float g_i = rnncc::to_float(Wx[0]) + Rh[0] + rnncc::to_float(bias[0]);
-  const float g_f = rnncc::to_float(Wx[NHD]) + Rh[a.D] + rnncc::to_float(bias[NHD]);
-  const float g_z = rnncc::to_float(Wx[2 * NHD]) + Rh[2 * a.D] + rnncc::to_float(bias[2 * NHD]);
-  const float g_o = rnncc::to_float(Wx[3 * NHD]) + Rh[3 * a.D] + rnncc::to_float(bias[3 * NHD]);
-  const float dn_h = a.ds_new[i];
-  const float dn_c = a.ds_new[NBD + i];
-  const float dn_n = a.ds_new[2 * NBD + i];
-  const float dn_m = a.ds_new[3 * NBD + i];
-  const float do_h = rnncc::to_float(dy[0]);
-  // the backward cell
-  const float v_t0 = dn_h + do_h;
-  const float v_logf = rnncc_logsigmoid(g_f);
-  const float v_t1 = v_logf + s_m;
-  const float v_m_new = (s_n == 0.0f ? g_i : rnncc_max(v_t1, g_i));
-  const float v_fg = rnncc_exp(v_t1 - v_m_new);
-  const float v_ig = rnncc_exp(g_i - v_m_new);
-  const float v_t2 = v_fg * s_n + v_ig;
-  const float v_t3 = v_t0 / v_t2;
-  const float v_t4 = rnncc_sigmoid(g_o);
-  const float v_t5 = dn_c + v_t3 * v_t4;
-  const float v_t6 = rnncc_tanh(g_z);
-  const float v_t7 = v_fg * s_c + v_ig * v_t6;
-  const float v_t8 = dn_n + -v_t0 * (v_t4 * v_t7) / (v_t2 * v_t2);
-  const float v_t9 = (v_t8 * s_n + v_t5 * s_c) * v_fg;
-  const float v_t10 = (v_t8 + v_t5 * v_t6) * v_ig;
-  const float v_t11 = dn_m + -v_t10 + -v_t9;
-  const float v_t12 = (s_n == 0.0f ? 0.0f : v_t11);
-  const float v_t13 = (v_t1 == g_i ? v_t12 * 0.5f : 0.0f);
-  const float v_t14 = v_t9 + (v_t1 > g_i ? v_t12 : v_t13);
-  // cotangents of the old states, the gates and the params
-  a.ds_old[i] = 0.0f;
-  a.ds_old[NBD + i] = v_t5 * v_fg;
-  a.ds_old[2 * NBD + i] = v_t8 * v_fg;
-  a.ds_old[3 * NBD + i] = v_t14;
-  const float d_i = v_t10 + (s_n == 0.0f ? v_t11 : 0.0f) + (g_i > v_t1 ? v_t12 : v_t13);
-  dWx[0] = rnncc::from_float<T>(d_i);
-  dGr[0] = d_i;
-  dGb[0] = d_i;
-  const float d_f = v_t14 * rnncc_sigmoid(-g_f);
-  dWx[NHD] = rnncc::from_float<T>(d_f);
-  dGr[a.D] = d_f;
-  dGb[a.D] = d_f;
-  const float d_z = v_t5 * v_ig * (1.0f - v_t6 * v_t6);
-  dWx[2 * NHD] = rnncc::from_float<T>(d_z);
-  dGr[2 * a.D] = d_z;
-  dGb[2 * a.D] = d_z;
-  const float d_o = v_t3 * v_t7 * (1.0f - v_t4) * v_t4;
-  dWx[3 * NHD] = rnncc::from_float<T>(d_o);
-  dGr[3 * a.D] = d_o;
-  dGb[3 * a.D] = d_o;
-}
-
-int launch(void (*f32)(rnncc_step_args), void (*f16)(rnncc_step_args),
-           void (*bf16)(rnncc_step_args), const rnncc_step_args* a, cudaStream_t stream) {
-  const long long n = (long long)a->NH * a->B * a->D;
-  if (n == 0) return 0;
-  const unsigned blocks = (unsigned)((n + kThreads - 1) / kThreads);
-  switch (a->dtype) {
-    case RNNCC_F32: f32<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_F16: f16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_BF16: bf16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    default: return (int)cudaErrorInvalidValue;
+  // The new states of one element.
+  template <class In>
+  __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
+    const float s_c = in.state(1);
+    const float s_n = in.state(2);
+    const float s_m = in.state(3);
+    const float g_i = in.wx(0) + in.rh(0) + in.bias(0);
+    const float g_f = in.wx(1) + in.rh(1) + in.bias(1);
+    const float g_z = in.wx(2) + in.rh(2) + in.bias(2);
+    const float g_o = in.wx(3) + in.rh(3) + in.bias(3);
+    const float v_logf = rnncc_logsigmoid(g_f);
+    const float v_t0 = v_logf + s_m;
+    const float new_m = (s_n == 0.0f ? g_i : rnncc_max(v_t0, g_i));
+    const float v_fg = rnncc_exp(v_t0 - new_m);
+    const float v_ig = rnncc_exp(g_i - new_m);
+    const float new_c = v_fg * s_c + v_ig * rnncc_tanh(g_z);
+    const float new_n = v_fg * s_n + v_ig;
+    next[0] = rnncc_sigmoid(g_o) * new_c / new_n;
+    next[1] = new_c;
+    next[2] = new_n;
+    next[3] = new_m;
   }
-  return (int)cudaGetLastError();
-}
+
+  // The cotangents of one element's old states, gate parts and params.
+  template <class In, class Out>
+  __device__ __forceinline__ static void backward(const In& in, const Out& out) {
+    const float s_c = in.state(1);
+    const float s_n = in.state(2);
+    const float s_m = in.state(3);
+    const float g_i = in.wx(0) + in.rh(0) + in.bias(0);
+    const float g_f = in.wx(1) + in.rh(1) + in.bias(1);
+    const float g_z = in.wx(2) + in.rh(2) + in.bias(2);
+    const float g_o = in.wx(3) + in.rh(3) + in.bias(3);
+    const float dn_h = in.dstate(0);
+    const float dn_c = in.dstate(1);
+    const float dn_n = in.dstate(2);
+    const float dn_m = in.dstate(3);
+    const float do_h = in.dout(0);
+    const float v_t0 = dn_h + do_h;
+    const float v_logf = rnncc_logsigmoid(g_f);
+    const float v_t1 = v_logf + s_m;
+    const float v_m_new = (s_n == 0.0f ? g_i : rnncc_max(v_t1, g_i));
+    const float v_fg = rnncc_exp(v_t1 - v_m_new);
+    const float v_ig = rnncc_exp(g_i - v_m_new);
+    const float v_t2 = v_fg * s_n + v_ig;
+    const float v_t3 = v_t0 / v_t2;
+    const float v_t4 = rnncc_sigmoid(g_o);
+    const float v_t5 = dn_c + v_t3 * v_t4;
+    const float v_t6 = rnncc_tanh(g_z);
+    const float v_t7 = v_fg * s_c + v_ig * v_t6;
+    const float v_t8 = dn_n + -v_t0 * (v_t4 * v_t7) / (v_t2 * v_t2);
+    const float v_t9 = (v_t8 * s_n + v_t5 * s_c) * v_fg;
+    const float v_t10 = (v_t8 + v_t5 * v_t6) * v_ig;
+    const float v_t11 = dn_m + -v_t10 + -v_t9;
+    const float v_t12 = (s_n == 0.0f ? 0.0f : v_t11);
+    const float v_t13 = (v_t1 == g_i ? v_t12 * 0.5f : 0.0f);
+    const float v_t14 = v_t9 + (v_t1 > g_i ? v_t12 : v_t13);
+    out.d_state(0, 0.0f);
+    out.d_state(1, v_t5 * v_fg);
+    out.d_state(2, v_t8 * v_fg);
+    out.d_state(3, v_t14);
+    const float d_i = v_t10 + (s_n == 0.0f ? v_t11 : 0.0f) + (g_i > v_t1 ? v_t12 : v_t13);
+    out.d_wx(0, d_i);
+    out.d_rh(0, d_i);
+    out.d_bias(0, d_i);
+    const float d_f = v_t14 * rnncc_sigmoid(-g_f);
+    out.d_wx(1, d_f);
+    out.d_rh(1, d_f);
+    out.d_bias(1, d_f);
+    const float d_z = v_t5 * v_ig * (1.0f - v_t6 * v_t6);
+    out.d_wx(2, d_z);
+    out.d_rh(2, d_z);
+    out.d_bias(2, d_z);
+    const float d_o = v_t3 * v_t7 * (1.0f - v_t4) * v_t4;
+    out.d_wx(3, d_o);
+    out.d_rh(3, d_o);
+    out.d_bias(3, d_o);
+  }
+};
 
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
 
 extern "C" int rnncc_forward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(forward_step<float>, forward_step<__half>, forward_step<__nv_bfloat16>, a, stream);
+  return rnncc::stepwise::forward<Cell>(a, stream);
 }
 
 extern "C" int rnncc_backward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(backward_step<float>, backward_step<__half>, backward_step<__nv_bfloat16>, a,
-                stream);
+  return rnncc::stepwise::backward<Cell>(a, stream);
 }

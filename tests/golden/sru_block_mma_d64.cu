@@ -31,801 +31,105 @@
 //       h = rg * c + (1 - rg) * xs
 //       output h
 //   }
-// Fused persistent forward and backward of cell 'sru': one launch each (or one per
-// share of the heads and batch chunks) for the whole sequence; R, the states, the biases and
-// the params stay on chip for all T steps. Torch-free; launched by the host loop through
-// rnncc_abi.h with the plan's launch (rnncc_launch), which the entry points check against the
-// traits below.
-#include "rnncc_abi.h"
-#include "rnncc_ops.cuh"
-#include "rnncc_mma.cuh"
-#include <atomic>
+// The kernels are block_mma.cuh's, templated on the struct Cell below: the cell's shape, the
+// plan's constants, and one element's forward and backward. Torch-free; the host loop calls
+// the entry points at the end through rnncc_abi.h.
+#include "block_mma.cuh"
 
 namespace {
 
-constexpr int kS = 2;  // states: c, h
-constexpr int kO = 1;  // outputs: h
-constexpr int kGx = 4;  // W x gates: z, f, r, xs
-constexpr int kGr = 0;  // R h gates: none
-constexpr int kGb = 2;  // b gates: f, r
-constexpr int kP = 2;  // params: v_f, v_r
-constexpr int kRec = 0;  // the recurrent state's index (unused when kGr == 0)
-constexpr int kD = 64;  // head dim (compile-time in this tier)
-constexpr int kBC = 8;  // batch rows per block; the last chunk is masked
-constexpr int kRows = kGr * kD;
-// The plan's compile-time constants (the variant's build record, in the header above).
-constexpr int kWarps = 8;
-constexpr int kMmaThreads = 256;
-constexpr int kWxAhead = 3;
-constexpr int kInAhead = 2;
-constexpr int kWxRow = 528;
-constexpr int kInS = 288;
-constexpr int kInR = 288;
-constexpr int kInX = 144;
-constexpr int kInY = 144;
-constexpr int kInOffR = 4608;
-constexpr int kInOffX = 4608;
-constexpr int kInOffY = 9216;
-constexpr int kInSlot = 10384;
-constexpr size_t kBwSmem = 31152;
-static_assert(kO >= 1 && kO <= kS, "the outputs are some of the states");
-static_assert(kGx >= 0 && kGb >= 0 && kP >= 0, "gate and param counts are non-negative");
+struct Cell {
+  static constexpr int kS = 2;  // states: c, h
+  static constexpr int kO = 1;  // outputs: h
+  static constexpr int kGx = 4;  // W x gates: z, f, r, xs
+  static constexpr int kGr = 0;  // R h gates: none
+  static constexpr int kGb = 2;  // b gates: f, r
+  static constexpr int kP = 2;  // params: v_f, v_r
+  static constexpr int kRec = 0;  // the recurrent state: none
+  // The plan's constants.
+  static constexpr int kD = 64;
+  static constexpr int kBC = 8;
+  static constexpr int kWarps = 8;
+  static constexpr int kMmaThreads = 256;
+  static constexpr int kWxAhead = 3;
+  static constexpr int kInAhead = 2;
+  static constexpr int kWxRow = 528;
+  static constexpr int kInS = 288;
+  static constexpr int kInR = 288;
+  static constexpr int kInX = 144;
+  static constexpr int kInY = 144;
+  static constexpr int kInOffR = 4608;
+  static constexpr int kInOffX = 4608;
+  static constexpr int kInOffY = 9216;
+  static constexpr int kInSlot = 10384;
+  static constexpr size_t kBwSmem = 31152;
 
-// Shared by the tensor-core kernels of both tiers (fused_mma.cuh.j2: block; fused_grid.cuh.j2:
-// grid): the head dim padded to whole mma tiles, R's elements, a lane's two adjacent units.
-constexpr int kKP = (kD + 15) / 16 * 16;  // the head dim padded to whole k tiles
-constexpr int kKTiles = kKP / 16;  // k tiles of R·h
-constexpr int kPairs = (kGr + 1) / 2 > 0 ? (kGr + 1) / 2 : 1;  // m tiles of R·h: gate pairs
-constexpr int kGRows = (kGr > 0 ? kGr : 1) * kKP;  // k of dgᵀ·R: gate rows, gate-major
-constexpr int kGTiles = kGRows / 16;
-constexpr bool kPaired = kD % 2 == 0;  // backward: a lane's two units as one aligned access
+  // The state that output o is.
+  __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 1 : -1; }
 
-// One element of R[gate][n] (out x in) as float; zero outside the cell (the padding).
-template <typename T>
-__device__ __forceinline__ float r_at(const T* R, int NH, int n, int gate, int out, int in) {
-  return (gate < kGr && out < kD && in < kD) ? rnncc::to_float(R[(((long long)gate * NH + n) * kD + out) * kD + in]) : 0.0f;
-}
-
-// A lane's two adjacent units p[0], p[1] (backward): one access when the head dim is even
-// (both are inside it or neither is); else two, reading p[0] again for a second unit past the
-// head dim (hi false) and storing it only when inside, so no address outside the tensor is used.
-template <typename E>
-__device__ __forceinline__ void get2(const E* p, bool hi, E& lo_v, E& hi_v) {
-  if constexpr (kPaired) {
-    rnncc::load_pair(p, lo_v, hi_v);
-  } else {
-    lo_v = p[0];
-    hi_v = p[hi ? 1 : 0];
-  }
-}
-template <typename E>
-__device__ __forceinline__ void put2(E* p, bool hi, E lo_v, E hi_v) {
-  if constexpr (kPaired) {
-    rnncc::store_pair(p, lo_v, hi_v);
-  } else {
-    p[0] = lo_v;
-    if (hi) p[1] = hi_v;
-  }
-}
-
-// 16-bit inputs loaded ahead stay in their 32-bit registers exactly as loaded until the cell
-// reads them: any operation on a loaded value, even merging two 16-bit halves into one
-// register, waits for the load, and would bring a memory latency back into every step.
-//
-// bits_float: the 16-bit T in the low half of w (a load of one element), as float.
-template <typename T>
-__device__ __forceinline__ float bits_float(const uint32_t w) {
-  if constexpr (std::is_same<T, __nv_bfloat16>::value) {
-    return __uint_as_float(w << 16);
-  } else {
-    return rnncc::to_float(__ushort_as_half((unsigned short)(w & 0xffffu)));
-  }
-}
-// A lane's two adjacent units as loaded by get2_raw: one 32-bit word (w[0]) when the head dim
-// is even, else one element per word.
-template <typename T>
-__device__ __forceinline__ void get2_raw(const T* p, bool hi, uint32_t (&w)[2]) {
-  if constexpr (kPaired) {
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-    w[1] = 0u;
-  } else {
-    w[0] = *reinterpret_cast<const unsigned short*>(p);
-    w[1] = *reinterpret_cast<const unsigned short*>(p + (hi ? 1 : 0));
-  }
-}
-template <typename T>
-__device__ __forceinline__ float raw_float(const uint32_t (&w)[2], const int q) {
-  if constexpr (kPaired) {
-    return q == 0 ? bits_float<T>(w[0]) : bits_float<T>(w[0] >> 16);
-  } else {
-    return bits_float<T>(w[q]);
-  }
-}
-
-// What the backward cell of one step reads from global memory for a lane's two elements
-// (batch row gb, units d0 and d0 + 1): W x and dy raw (get2_raw), converted where the cell
-// reads them (raw_float). The grid tier loads them with load_step_inputs, the block tier
-// reads them from its shared-memory ring (fused_mma.cuh.j2).
-template <typename T>
-struct StepInputs {
-  float s[kS][2];
-  uint32_t wx[kGx > 0 ? kGx : 1][2];
-  float rh[kGr > 0 ? kGr : 1][2];
-  uint32_t dy[kO][2];
-};
-
-// Step t's inputs of the lane (batch row gb of head n, units d0 and d0 + 1). The loads are
-// unconditional, as in the forwards' W x loads: masked elements read element 0; a lane's
-// two elements are adjacent units (get2).
-template <typename T>
-__device__ __forceinline__ void load_step_inputs(const rnncc_fused_bwd_args& a, const int t, const int n,
-                                                 const int gb, const int d0, StepInputs<T>& in) {
-  const long long NHD = (long long)a.NH * kD, yO = (long long)a.B * a.T * NHD;
-  const long long row = ((long long)t * a.NH + n) * a.B + gb;
-  const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
-  const long long x_at = live ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d0 : 0;
-  const long long y_at = live ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d0 : 0;
-  const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
-  const long long rh_at = live ? row * kRows + d0 : 0;
-#pragma unroll
-  for (int s = 0; s < kS; ++s) get2(a.hist + s_at + (long long)s * a.NH * a.B * kD, hi, in.s[s][0], in.s[s][1]);
-#pragma unroll
-  for (int k = 0; k < kGx; ++k) get2_raw(static_cast<const T*>(a.Wx) + x_at + k * NHD, hi, in.wx[k]);
-#pragma unroll
-  for (int k = 0; k < kGr; ++k) get2(a.rh + rh_at + k * kD, hi, in.rh[k][0], in.rh[k][1]);
-#pragma unroll
-  for (int o = 0; o < kO; ++o) get2_raw(static_cast<const T*>(a.dy) + y_at + o * yO, hi, in.dy[o]);
-}
-
-// The bias and param cotangents of a lane's two elements (batch row gb, units d0 and d0 + 1),
-// summed over time in registers (a lane keeps its elements for the whole sequence) and stored
-// once after the loop, one row per batch row: dGb [B, NH, Gb * D] and dP [B, NH, P * D]
-// (float); the host sums over the batch.
-struct SumOverTime {
-  float gb[kGb > 0 ? kGb : 1][2] = {};
-  float p[kP > 0 ? kP : 1][2] = {};
-
-  __device__ __forceinline__ void add(const float (&dgb)[kGb > 0 ? kGb : 1][2], const float (&dp)[kP > 0 ? kP : 1][2]) {
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) {
-      gb[k][0] += dgb[k][0];
-      gb[k][1] += dgb[k][1];
-    }
-#pragma unroll
-    for (int k = 0; k < kP; ++k) {
-      p[k][0] += dp[k][0];
-      p[k][1] += dp[k][1];
-    }
+  // The new states of one element.
+  template <class In>
+  __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
+    using rnncc::fast::rnncc_sigmoid;
+    const float s_c = in.state(0);
+    const float g_z = in.wx(0);
+    const float g_f = in.wx(1) + in.bias(0);
+    const float g_r = in.wx(2) + in.bias(1);
+    const float g_xs = in.wx(3);
+    const float p_v_f = in.param(0);
+    const float p_v_r = in.param(1);
+    const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
+    const float new_c = v_fg * s_c + (1.0f - v_fg) * g_z;
+    const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
+    next[0] = new_c;
+    next[1] = v_rg * new_c + (1.0f - v_rg) * g_xs;
   }
 
-  __device__ __forceinline__ void store(const rnncc_fused_bwd_args& a, const int n, const int row, const int d0) const {
-    const bool hi = d0 + 1 < kD;
-    const long long at = (long long)row * a.NH + n;
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) put2(a.dGb + at * (kGb * kD) + k * kD + d0, hi, gb[k][0], gb[k][1]);
-#pragma unroll
-    for (int k = 0; k < kP; ++k) put2(a.dP + at * (kP * kD) + k * kD + d0, hi, p[k][0], p[k][1]);
-  }
-};
-// Tensor-core kernels (bf16 / fp16 storage): mma.sync m16n8k16 with fp32 accumulators.
-// Warp w owns the units [8w, 8w + 8) of the head and keeps their part of R in registers, as
-// mma fragments, for the whole sequence; a lane runs the generated cell on two elements, and
-// the product's accumulators land in the lane that needs them (g = lane / 4, c = lane % 4):
-//
-// - forward, R·h: A = R with the 16 rows of a tile being two gates of the warp's 8 units
-//   (gates 2p and 2p + 1 of tile p), B = h (k = unit, n = batch row), so a lane holds every
-//   gate of unit 8w + g for batch rows 2c and 2c + 1;
-// - backward, (Rᵀ·dg)ᵀ = dgᵀ·R: A = dg (m = batch row, padded from 8 to 16 with zeros,
-//   k = gate row), B = R (n = the warp's 8 units), so a lane holds dh of batch row g for
-//   units 8w + 2c and 8w + 2c + 1 — the elements it runs the backward cell on.
-//
-// h (forward) and dg (backward) go through shared memory as the next product's operand,
-// double-buffered, so a step has one block barrier. The head dim is padded with zeros to
-// whole tiles. The forward's W x (3 steps ahead) and the backward's inputs (2 steps ahead)
-// are copied into rings in shared memory by cp.async.
-// tanh, sigmoid, log, log σ and softplus take their fast forms (rnncc_ops.cuh), well inside
-// 16-bit resolution.
-static_assert(kWarps * 8 >= kD && kMmaThreads == 32 * kWarps, "a warp per 8 units (traits)");
-constexpr int kHStride = kKP + 8;  // one batch row of h in shared memory (+8: no bank conflicts)
-constexpr int kGStride = kGRows + 8;  // one batch row of dg in shared memory, likewise
-constexpr int kChains = kGTiles < 4 ? kGTiles : 4;  // independent accumulators of dgᵀ·R
-static_assert(kBC == 8, "the batch chunk is the n = 8 (forward) and the m = 8 + 8 (backward) side");
-
-// The forward's W x goes through shared memory: step t's kBC batch rows x kGx gates x kD
-// units, copied by cp.async kWxAhead steps ahead into slot t % kWxSlots of a ring, whole
-// 16-byte pieces where the head dim allows (a row of one gate is kD adjacent elements). The
-// copies hold no registers and are waited for by count (cp.async.wait_group), so a step waits
-// only for its own W x, however long its copies took.
-// kWxAhead (traits): the steps copied ahead.
-constexpr int kWxSlots = kWxAhead + 1;  // the slot written at step t was last read at step t - 1
-constexpr int kWxChunk = kD % 8 == 0 ? 16 : kD % 4 == 0 ? 8 : kD % 2 == 0 ? 4 : 2;  // bytes per copy
-constexpr int kWxPieces = kD * 2 / kWxChunk;  // copies per (batch row, gate)
-// kWxRow (traits): a batch row's bytes in the ring, padded to 16 (mod 128): the rows 2c and
-// 2c + 2 that a warp's lanes read at once then fall in different banks.
-static_assert(kWxRow >= (kGx > 0 ? kGx : 1) * kD * 2 && kWxRow % 16 == 0, "a W x row fits its padded row");
-constexpr int kWxMine = (kBC * kGx * kWxPieces + kMmaThreads - 1) / kMmaThreads;  // copies per thread
-
-// The backward's inputs go the same way: step t's saved states and R·h (float), W x and dy
-// (16-bit) of the block's kBC batch rows, copied kInAhead steps ahead (the loop runs down from
-// the last step) into slot t % kInSlots of a ring in dynamic shared memory. Each input is
-// parts x kBC rows of kD units (a state, a gate, an output), a part's row padded to 32
-// (float) or 16 (16-bit) bytes past a multiple of 128, so that a warp's reads (8 rows, a lane
-// two adjacent units) fall in different banks.
-// The ring's layout comes from the plan (traits): kInAhead steps ahead, rows of kInS, kInR
-// (float) and kInX, kInY (16-bit) bytes, a slot's parts at 0, kInOffR, kInOffX, kInOffY (states,
-// then R·h, W x, dy), kInSlot bytes a slot (16 past the parts: a masked lane's pair read past the
-// last row), kBwSmem bytes in all.
-constexpr int kInSlots = kInAhead + 1;  // the slot written at step t was last read at step t + 1
-static_assert(kInS >= kD * 4 && kInX >= kD * 2 && kInOffY + kO * kBC * kInY < kInSlot &&
-                  kBwSmem == (size_t)kInSlots * kInSlot,
-              "the ring's rows hold a head dim and its slots every part");
-
-template <typename T>
-__global__ void __launch_bounds__(kMmaThreads, 1) fused_forward_mma(const rnncc_fused_args a) {
-  using rnncc::fast::rnncc_log;
-  using rnncc::fast::rnncc_logsigmoid;
-  using rnncc::fast::rnncc_sigmoid;
-  using rnncc::fast::rnncc_softplus;
-  using rnncc::fast::rnncc_tanh;
-  __shared__ __align__(16) T hsm[2][kBC][kHStride];
-  __shared__ __align__(16) unsigned char wsm[kGx > 0 ? kWxSlots * kBC * kWxRow : 16];
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g8 = lane >> 2, c4 = lane & 3;
-  const int n = blockIdx.x;
-  const int b0 = blockIdx.y * kBC;
-  const long long NHD = (long long)a.NH * kD;
-
-  // This thread's copies of W x: piece j of gate k of batch row r, from step 0 of the input.
-  // Rows past the batch are zero-filled.
-  const unsigned char* wsrc[kWxMine > 0 ? kWxMine : 1];
-  unsigned wdst[kWxMine > 0 ? kWxMine : 1];
-  bool wok[kWxMine > 0 ? kWxMine : 1], wmine[kWxMine > 0 ? kWxMine : 1];
-#pragma unroll
-  for (int i = 0; i < kWxMine; ++i) {
-    const int c = threadIdx.x + i * kMmaThreads, r = c / (kGx * kWxPieces), k = c / kWxPieces % kGx, j = c % kWxPieces;
-    wmine[i] = c < kBC * kGx * kWxPieces;
-    wok[i] = wmine[i] && b0 + r < a.B;
-    const long long row = wok[i] ? b0 + r : 0;
-    wsrc[i] = static_cast<const unsigned char*>(a.Wx) + ((row * a.T * kGx + k) * NHD + (long long)n * kD) * 2 + j * kWxChunk;
-    wdst[i] = (unsigned)__cvta_generic_to_shared(wsm) + r * kWxRow + k * kD * 2 + j * kWxChunk;
-  }
-  // Step t's copies, as one group (empty past the sequence, so that every step closes one).
-  auto copy_wx = [&](const int t) {
-    if (kGx > 0 && t < a.T) {
-      const long long off = (long long)t * kGx * NHD * 2;
-      const unsigned slot = (unsigned)t % kWxSlots * (kBC * kWxRow);
-#pragma unroll
-      for (int i = 0; i < kWxMine; ++i) {
-        if (!wmine[i]) continue;
-        if constexpr (kWxChunk >= 4) {
-          rnncc::cp_async<kWxChunk>(wdst[i] + slot, wsrc[i] + off, wok[i]);
-        } else {  // an odd head dim: 2-byte pieces, which cp.async cannot copy, loaded and stored
-          const unsigned short v = wok[i] ? *reinterpret_cast<const unsigned short*>(wsrc[i] + off) : 0;
-          asm volatile("st.shared.u16 [%0], %1;" ::"r"(wdst[i] + slot), "h"(v) : "memory");
-        }
-      }
-    }
-    rnncc::cp_async_commit();
-  };
-#pragma unroll
-  for (int t = 0; t < kWxAhead; ++t) copy_wx(t);
-  const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
-  const T* states = static_cast<const T*>(a.states);
-  const int d = 8 * warp + g8;  // this lane's unit; its batch rows are 2 c4 + q, q = 0, 1
-  const bool unit = d < kD;
-
-  // A fragments of R: tile p, k tile kt; row m < 8 is gate 2p, m >= 8 gate 2p + 1, of unit
-  // 8 warp + m % 8; column kk is h's unit 16 kt + kk.
-  uint32_t ra[kPairs][kKTiles][4];
-#pragma unroll
-  for (int p = 0; p < kPairs; ++p) {
-#pragma unroll
-    for (int kt = 0; kt < kKTiles; ++kt) {
-      const T* R = static_cast<const T*>(a.R);
-      const int k0 = 16 * kt + 2 * c4;
-      ra[p][kt][0] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, d, k0), r_at(R, a.NH, n, 2 * p, d, k0 + 1));
-      ra[p][kt][1] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, d, k0), r_at(R, a.NH, n, 2 * p + 1, d, k0 + 1));
-      ra[p][kt][2] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, d, k0 + 8), r_at(R, a.NH, n, 2 * p, d, k0 + 9));
-      ra[p][kt][3] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, d, k0 + 8), r_at(R, a.NH, n, 2 * p + 1, d, k0 + 9));
-    }
-  }
-  // Padding units and masked batch rows of h stay zero for the whole sequence.
-  for (int i = threadIdx.x; i < 2 * kBC * kHStride; i += kMmaThreads) (&hsm[0][0][0])[i] = rnncc::from_float<T>(0.0f);
-  __syncthreads();
-
-  float st[kS][2];
-  float pv[kP > 0 ? kP : 1][2];
-  float bv[kGb > 0 ? kGb : 1][2];
-  // A lane's addresses, as pointers moved one step on per step rather than whole 64-bit
-  // indices per access (the forward is short of instructions to hide latency with: 3% per
-  // step at 12 x 64 on an H200): y and R·h of the step, the saved states after it. A masked element points at element 0 of head n, which
-  // it may read but never writes.
-  const long long NBD = (long long)a.NH * a.B * kD;  // one state of the saved history
-  T* yp[2];
-  float* hp[2];
-  float* rp[2];
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int b = 2 * c4 + q, gb = b0 + b;
-    const bool live = unit && gb < a.B;
-    const int g = live ? gb : 0, u = live ? d : 0;
-    yp[q] = static_cast<T*>(a.y) + (long long)g * a.T * NHD + (long long)n * kD + u;
-    hp[q] = a.hist ? a.hist + kS * NBD + ((long long)n * a.B + g) * kD + u : nullptr;  // after step 0
-    rp[q] = a.rh ? a.rh + ((long long)n * a.B + g) * kRows + u : nullptr;
-#pragma unroll
-    for (int s = 0; s < kS; ++s) {
-      st[s][q] = live ? rnncc::to_float(states[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
-      if (live && a.hist) a.hist[(((long long)s * a.NH + n) * a.B + gb) * kD + d] = st[s][q];
-    }
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) bv[k][q] = unit ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
-#pragma unroll
-    for (int p = 0; p < kP; ++p)
-      pv[p][q] = unit ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
-    if (kGr > 0 && live) hsm[0][b][d] = rnncc::from_float<T>(st[kRec][q]);
-  }
-  rnncc::cp_async_wait<kWxAhead - 1>();  // step 0's W x
-  __syncthreads();
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // outputs' stride (one output: unused)
-
-  // One step: the copies of step t + kWxAhead's W x go out (into the slot that step t - 1
-  // read), then the lane reads this step's from shared memory, raw (bits_float), converted
-  // to float where the cell reads it. Before the step's barrier, each thread waits for its
-  // copies of step t + 1.
-  typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];
-  const unsigned short* const wxs = reinterpret_cast<const unsigned short*>(wsm) + (unit ? d : 0);
-  auto step = [&](const int t) {
-    copy_wx(t + kWxAhead);
-    WxRegs wxv;
-    {
-      const unsigned short* const w = wxs + (unsigned)t % kWxSlots * (kBC * kWxRow / 2);
-#pragma unroll
-      for (int q = 0; q < 2; ++q)
-#pragma unroll
-        for (int k = 0; k < kGx; ++k) wxv[k][q] = w[(2 * c4 + q) * (kWxRow / 2) + k * kD];
-    }
-    float acc[kPairs][4];
-#pragma unroll
-    for (int p = 0; p < kPairs; ++p)
-#pragma unroll
-      for (int i = 0; i < 4; ++i) acc[p][i] = 0.0f;
-    if (kGr > 0) {
-      const T* hb = &hsm[t & 1][g8][2 * c4];  // B fragments: batch row g8
-#pragma unroll
-      for (int kt = 0; kt < kKTiles; ++kt) {
-        const uint32_t h0 = *reinterpret_cast<const uint32_t*>(hb + 16 * kt);
-        const uint32_t h1 = *reinterpret_cast<const uint32_t*>(hb + 16 * kt + 8);
-#pragma unroll
-        for (int p = 0; p < kPairs; ++p) rnncc::mma16816<T>(acc[p], ra[p][kt], h0, h1);
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int b = 2 * c4 + q, gb = b0 + b;
-      if (unit && gb < a.B) {
-        if (a.rh) {
-#pragma unroll
-          for (int k = 0; k < kGr; ++k) rp[q][k * kD] = acc[k / 2][k % 2 * 2 + q];
-        }
-        // leaves
-        const float s_c = st[0][q];
-        const float g_z = bits_float<T>(wxv[0][q]);
-        const float g_f = bits_float<T>(wxv[1][q]) + bv[0][q];
-        const float g_r = bits_float<T>(wxv[2][q]) + bv[1][q];
-        const float g_xs = bits_float<T>(wxv[3][q]);
-        const float p_v_f = pv[0][q];
-        const float p_v_r = pv[1][q];
-        // the cell
-        const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-        const float new_c = v_fg * s_c + (1.0f - v_fg) * g_z;
-        const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
-        // new states
-        const float new_h = v_rg * new_c + (1.0f - v_rg) * g_xs;
-        // stores
-        st[0][q] = new_c;
-        st[1][q] = new_h;
-        yp[q][0] = rnncc::from_float<T>(new_h);
-        if (a.hist) hp[q][0] = new_c;
-        if (a.hist) hp[q][NBD] = new_h;
-      }
-    }
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      yp[q] += NHD;
-      if (a.hist) hp[q] += kS * NBD;
-      if (a.rh) rp[q] += (long long)a.NH * a.B * kRows;
-    }
-    rnncc::cp_async_wait<kWxAhead - 1>();  // step t + 1's W x (later steps' may be in flight)
-    __syncthreads();
-  };
-#pragma unroll 2
-  for (int t = 0; t < a.T; ++t) step(t);
-
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int gb = b0 + 2 * c4 + q;
-    if (unit && gb < a.B) {
-#pragma unroll
-      for (int s = 0; s < kS; ++s)
-        static_cast<T*>(a.last)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(st[s][q]);
-    }
-  }
-}
-
-// The copies of one backward input (kParts parts x kBC rows of kLen bytes, kRow bytes apart in a
-// slot from kOff on) that this thread issues, piece j of row r of a part each, with their
-// addresses worked out once: a step adds its offset.
-template <int kParts, int kLen, int kRow, int kOff>
-struct InCopies {
-  static constexpr int kPieces = kLen / kWxChunk;
-  static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
-  const unsigned char* src[kMine > 0 ? kMine : 1];
-  unsigned dst[kMine > 0 ? kMine : 1];
-  bool ok[kMine > 0 ? kMine : 1], mine[kMine > 0 ? kMine : 1];
-  long long step;  // bytes between steps
-
-  // p: row 0 of part 0 at step 0; rows past `rows` are zero-filled.
-  template <typename E>
-  __device__ __forceinline__ void init(const E* p, long long rows, long long part_stride, long long row_stride,
-                                       long long step_stride, unsigned base) {
-    step = step_stride;
-#pragma unroll
-    for (int i = 0; i < kMine; ++i) {
-      const int c = threadIdx.x + i * kMmaThreads, part = c / (kBC * kPieces), r = c / kPieces % kBC, j = c % kPieces;
-      mine[i] = c < kParts * kBC * kPieces;
-      ok[i] = mine[i] && r < rows;
-      src[i] = reinterpret_cast<const unsigned char*>(p) + (ok[i] ? part * part_stride + r * row_stride : 0) + j * kWxChunk;
-      dst[i] = base + kOff + (part * kBC + r) * kRow + j * kWxChunk;
-    }
-  }
-
-  __device__ __forceinline__ void copy(const int t, const unsigned slot) const {
-#pragma unroll
-    for (int i = 0; i < kMine; ++i) {
-      if (!mine[i]) continue;
-      if constexpr (kWxChunk >= 4) {
-        rnncc::cp_async<kWxChunk>(dst[i] + slot, src[i] + t * step, ok[i]);
-      } else {  // an odd head dim: 2-byte pieces, loaded and stored
-        const unsigned short v = ok[i] ? *reinterpret_cast<const unsigned short*>(src[i] + t * step) : 0;
-        asm volatile("st.shared.u16 [%0], %1;" ::"r"(dst[i] + slot), "h"(v) : "memory");
-      }
-    }
+  // The cotangents of one element's old states, gate parts and params.
+  template <class In, class Out>
+  __device__ __forceinline__ static void backward(const In& in, const Out& out) {
+    using rnncc::fast::rnncc_sigmoid;
+    const float s_c = in.state(0);
+    const float g_z = in.wx(0);
+    const float g_f = in.wx(1) + in.bias(0);
+    const float g_r = in.wx(2) + in.bias(1);
+    const float g_xs = in.wx(3);
+    const float p_v_f = in.param(0);
+    const float p_v_r = in.param(1);
+    const float dn_c = in.dstate(0);
+    const float dn_h = in.dstate(1);
+    const float do_h = in.dout(0);
+    const float v_t0 = dn_h + do_h;
+    const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
+    const float v_t1 = 1.0f - v_fg;
+    const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
+    const float v_t2 = 1.0f - v_rg;
+    const float d_r = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
+    const float v_t3 = dn_c + v_t0 * v_rg;
+    const float d_f = (-(v_t3 * g_z) + v_t3 * s_c) * v_t1 * v_fg;
+    out.d_state(0, d_r * p_v_r + v_t3 * v_fg + d_f * p_v_f);
+    out.d_state(1, 0.0f);
+    const float d_z = v_t3 * v_t1;
+    out.d_wx(0, d_z);
+    out.d_wx(1, d_f);
+    out.d_bias(0, d_f);
+    out.d_wx(2, d_r);
+    out.d_bias(1, d_r);
+    const float d_xs = v_t0 * v_t2;
+    out.d_wx(3, d_xs);
+    out.d_param(0, d_f * s_c);
+    out.d_param(1, d_r * s_c);
   }
 };
 
-// A lane's two adjacent units from a slot: floats, and 16-bit values raw as get2_raw returns them.
-__device__ __forceinline__ void in_get2(const float* p, float& lo, float& hi) {
-  if constexpr (kPaired) {
-    const float2 v = *reinterpret_cast<const float2*>(p);
-    lo = v.x;
-    hi = v.y;
-  } else {
-    lo = p[0];
-    hi = p[1];
-  }
-}
-__device__ __forceinline__ void in_get2_raw(const unsigned short* p, uint32_t (&w)[2]) {
-  if constexpr (kPaired) {
-    w[0] = *reinterpret_cast<const uint32_t*>(p);
-    w[1] = 0u;
-  } else {
-    w[0] = p[0];
-    w[1] = p[1];
-  }
-}
-
-// The backward's outputs of a step go the other way, from shared memory, where the lanes put
-// them (a lane's two units of one batch row), to global memory in whole pieces of a row, so
-// that a warp's stores cover adjacent bytes: stored by the lanes, each store of a warp touched
-// eight rows (12 x 64 LSTM on an H100: 500 of the 1211 ns of a step went to the dWx and dGr
-// stores). The copies of one output: kParts parts x kBC rows of kLen bytes, from kSrcRow bytes
-// apart in a buffer (a part kSrcPart bytes on), to rows of global memory, with their addresses
-// worked out once; a step adds its offset.
-template <int kParts, int kLen, int kSrcRow, int kSrcPart>
-struct OutCopies {
-  static constexpr int kPieces = kLen / kWxChunk;
-  static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
-  using Piece = typename rnncc::Bytes<kWxChunk>::type;
-  unsigned char* dst[kMine > 0 ? kMine : 1];
-  unsigned src[kMine > 0 ? kMine : 1];  // offset in the buffer
-  bool ok[kMine > 0 ? kMine : 1];
-  long long step;  // bytes between steps
-
-  // p: row 0 of part 0 at step 0; rows past `rows` are not stored.
-  template <typename E>
-  __device__ __forceinline__ void init(E* p, long long rows, long long part_stride, long long row_stride,
-                                       long long step_stride) {
-    step = step_stride;
-#pragma unroll
-    for (int i = 0; i < kMine; ++i) {
-      const int c = threadIdx.x + i * kMmaThreads, part = c / (kBC * kPieces), r = c / kPieces % kBC, j = c % kPieces;
-      ok[i] = c < kParts * kBC * kPieces && r < rows;
-      dst[i] = reinterpret_cast<unsigned char*>(p) + (ok[i] ? part * part_stride + r * row_stride : 0) + j * kWxChunk;
-      src[i] = ok[i] ? r * kSrcRow + part * kSrcPart + j * kWxChunk : 0;
-    }
-  }
-
-  __device__ __forceinline__ void copy(const int t, const unsigned char* buf) const {
-#pragma unroll
-    for (int i = 0; i < kMine; ++i)
-      if (ok[i]) *reinterpret_cast<Piece*>(dst[i] + t * step) = *reinterpret_cast<const Piece*>(buf + src[i]);
-  }
-};
-
-// Backward: per step from the last, the generated backward cell on the lane's two elements
-// (batch row g, units 8w + 2c + q), the gate cotangents (and dWx) into shared memory, a block
-// barrier, then dh += dgᵀ·R on the tensor cores, and the step's dWx and dGr out to global
-// memory (OutCopies).
-template <typename T>
-__global__ void __launch_bounds__(kMmaThreads, 1) fused_backward_mma(const rnncc_fused_bwd_args a) {
-  using rnncc::fast::rnncc_log;
-  using rnncc::fast::rnncc_logsigmoid;
-  using rnncc::fast::rnncc_sigmoid;
-  using rnncc::fast::rnncc_softplus;
-  using rnncc::fast::rnncc_tanh;
-  __shared__ __align__(16) T dgs[2][kBC][kGStride];
-  // dWx of a step, double-buffered: a batch row's gates as in the forward's W x ring (kWxRow).
-  __shared__ __align__(16) unsigned char dws[2][kGx > 0 ? kBC * kWxRow : 16];
-  // Biases and params in shared memory rather than registers: the backward's registers go
-  // to R, the states' cotangents and the prefetched inputs.
-  __shared__ float bsm[kGb > 0 ? kGb : 1][kKP];
-  __shared__ float psm[kP > 0 ? kP : 1][kKP];
-  extern __shared__ __align__(16) unsigned char ism[];  // the ring of step inputs
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int g8 = lane >> 2, c4 = lane & 3;
-  const int n = blockIdx.x;
-  [[maybe_unused]] const int b = g8;  // this lane's batch row in the chunk (the cell may not read it)
-  const int gb = blockIdx.y * kBC + g8;  // and in the batch
-  const long long NHD = (long long)a.NH * kD;
-  const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
-
-  // B fragments of R: k tile kt covers gate rows 16 kt + kk (gate (16 kt + kk) / kKP, unit
-  // (16 kt + kk) % kKP), column j is the unit 8 warp + j that the row reads.
-  uint32_t rb[kGTiles][2];
-#pragma unroll
-  for (int kt = 0; kt < kGTiles; ++kt) {
-    const T* R = static_cast<const T*>(a.R);
-    const int r0 = 16 * kt + 2 * c4, r1 = r0 + 8, in = 8 * warp + g8;
-    rb[kt][0] = rnncc::pack2<T>(r_at(R, a.NH, n, r0 / kKP, r0 % kKP, in), r_at(R, a.NH, n, (r0 + 1) / kKP, (r0 + 1) % kKP, in));
-    rb[kt][1] = rnncc::pack2<T>(r_at(R, a.NH, n, r1 / kKP, r1 % kKP, in), r_at(R, a.NH, n, (r1 + 1) / kKP, (r1 + 1) % kKP, in));
-  }
-  // Padding rows and masked batch rows of dg stay zero for the whole sequence.
-  for (int i = threadIdx.x; i < 2 * kBC * kGStride; i += kMmaThreads) (&dgs[0][0][0])[i] = rnncc::from_float<T>(0.0f);
-  for (int i = threadIdx.x; i < kKP; i += kMmaThreads) {
-#pragma unroll
-    for (int k = 0; k < kGb; ++k) bsm[k][i] = i < kD ? rnncc::to_float(bias[k * NHD + i]) : 0.0f;
-#pragma unroll
-    for (int p = 0; p < kP; ++p)
-      psm[p][i] = i < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + i]) : 0.0f;
-  }
-  float ds[kS][2];
-  SumOverTime sums;
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int d = 8 * warp + 2 * c4 + q;
-    const bool live = d < kD && gb < a.B;
-#pragma unroll
-    for (int s = 0; s < kS; ++s)
-      ds[s][q] = live ? rnncc::to_float(static_cast<const T*>(a.dlast)[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
-  }
-  __syncthreads();
-
-  // This thread's copies of the step inputs, and step t's into slot t % kInSlots (one group
-  // per call; empty before the first step; rows past the batch are zero-filled); and its
-  // copies of the step's dWx and dGr (from dws and dgs) out to global memory.
-  const long long NHDb = (long long)a.NH * kD;
-  InCopies<kS, kD * 4, kInS, 0> cs;
-  InCopies<kGr, kD * 4, kInR, kInOffR> cr;
-  InCopies<kGx, kD * 2, kInX, kInOffX> cx;
-  InCopies<kO, kD * 2, kInY, kInOffY> cy;
-  OutCopies<kGx, kD * 2, kWxRow, kD * 2> ox;
-  OutCopies<kGr, kD * 2, kGStride * 2, kKP * 2> og;
-  {
-    const int b0 = blockIdx.y * kBC;
-    const long long B = a.B, TT = a.T;
-    const unsigned base = (unsigned)__cvta_generic_to_shared(ism);
-    cs.init(a.hist + (n * B + b0) * kD, B - b0, a.NH * B * kD * 4, kD * 4, kS * a.NH * B * kD * 4, base);
-    cr.init(a.rh + (n * B + b0) * kRows, B - b0, kD * 4, kRows * 4, a.NH * B * kRows * 4, base);
-    cx.init(static_cast<const T*>(a.Wx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2, base);
-    cy.init(static_cast<const T*>(a.dy) + b0 * TT * NHDb + n * kD, B - b0, B * TT * NHDb * 2, TT * NHDb * 2, NHDb * 2, base);
-    ox.init(static_cast<T*>(a.dWx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2);
-    og.init(static_cast<T*>(a.dGr) + (n * TT * B + b0) * kRows, B - b0, kD * 2, kRows * 2, B * kRows * 2);
-  }
-  auto copy_inputs = [&](const int t) {
-    if (t >= 0) {
-      const unsigned slot = (unsigned)t % kInSlots * kInSlot;
-      cs.copy(t, slot);
-      cr.copy(t, slot);
-      cx.copy(t, slot);
-      cy.copy(t, slot);
-    }
-    rnncc::cp_async_commit();
-  };
-  // Step t's inputs of the lane (batch row g8, units d0 and d0 + 1), from its slot; a lane
-  // past the head dim reads unit 0's (its results are never stored).
-  typedef StepInputs<T> Inputs;
-  auto read_inputs = [&](const int t, Inputs& in) {
-    const int d0 = 8 * warp + 2 * c4 < kD ? 8 * warp + 2 * c4 : 0;
-    const unsigned char* const slot = ism + (unsigned)t % kInSlots * kInSlot;
-#pragma unroll
-    for (int s = 0; s < kS; ++s) in_get2(reinterpret_cast<const float*>(slot + (s * kBC + g8) * kInS) + d0, in.s[s][0], in.s[s][1]);
-#pragma unroll
-    for (int k = 0; k < kGr; ++k)
-      in_get2(reinterpret_cast<const float*>(slot + kInOffR + (k * kBC + g8) * kInR) + d0, in.rh[k][0], in.rh[k][1]);
-#pragma unroll
-    for (int k = 0; k < kGx; ++k) in_get2_raw(reinterpret_cast<const unsigned short*>(slot + kInOffX + (k * kBC + g8) * kInX) + d0, in.wx[k]);
-#pragma unroll
-    for (int o = 0; o < kO; ++o) in_get2_raw(reinterpret_cast<const unsigned short*>(slot + kInOffY + (o * kBC + g8) * kInY) + d0, in.dy[o]);
-  };
-#pragma unroll
-  for (int i = 1; i <= kInAhead; ++i) copy_inputs(a.T - i);
-  rnncc::cp_async_wait<kInAhead - 1>();  // the last step's inputs
-  __syncthreads();
-  auto step = [&](const int t) {
-    copy_inputs(t - kInAhead);
-    Inputs cur;
-    read_inputs(t, cur);
-    float nd[kS][2];
-    struct {  // the step's results per element, stored below
-      float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
-    } o;
-    // The cell runs on masked elements too (their inputs are element 0's, their results are
-    // never stored), without a branch: the part of it that does not wait for ds (the gates'
-    // activations, from inputs loaded two steps ago) can then be scheduled into the latency
-    // of the previous step's product.
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      const int d = 8 * warp + 2 * c4 + q;
-#pragma unroll
-      for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-      // leaves
-      const float s_c = cur.s[0][q];
-      const float g_z = raw_float<T>(cur.wx[0], q);
-      const float g_f = raw_float<T>(cur.wx[1], q) + bsm[0][d];
-      const float g_r = raw_float<T>(cur.wx[2], q) + bsm[1][d];
-      const float g_xs = raw_float<T>(cur.wx[3], q);
-      const float p_v_f = psm[0][d];
-      const float p_v_r = psm[1][d];
-      const float dn_c = ds[0][q];
-      const float dn_h = ds[1][q];
-      const float do_h = raw_float<T>(cur.dy[0], q);
-      // the backward cell
-      const float v_t0 = dn_h + do_h;
-      const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-      const float v_t1 = 1.0f - v_fg;
-      const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
-      const float v_t2 = 1.0f - v_rg;
-      const float d_r = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
-      const float v_t3 = dn_c + v_t0 * v_rg;
-      const float d_f = (-(v_t3 * g_z) + v_t3 * s_c) * v_t1 * v_fg;
-      // cotangents of the old states, the gates and the params
-      nd[0][q] = d_r * p_v_r + v_t3 * v_fg + d_f * p_v_f;
-      nd[1][q] = 0.0f;
-      const float d_z = v_t3 * v_t1;
-      o.wx[0][q] = d_z;
-      o.wx[1][q] = d_f;
-      o.gb[0][q] = d_f;
-      o.wx[2][q] = d_r;
-      o.gb[1][q] = d_r;
-      const float d_xs = v_t0 * v_t2;
-      o.wx[3][q] = d_xs;
-      o.p[0][q] = d_f * s_c;
-      o.p[1][q] = d_r * s_c;
-    }
-    // Stores, in the storage type, into shared memory: dWx, and the gate cotangents (the next
-    // product's operand, and what the host's dR GEMM reads); bias and param cotangents summed.
-    const int d0 = 8 * warp + 2 * c4;
-    if (d0 < kD && gb < a.B) {
-      const bool hi = d0 + 1 < kD;
-      T* const dw = reinterpret_cast<T*>(&dws[t & 1][b * kWxRow]);
-#pragma unroll
-      for (int k = 0; k < kGx; ++k)
-        put2(dw + k * kD + d0, hi, rnncc::from_float<T>(o.wx[k][0]), rnncc::from_float<T>(o.wx[k][1]));
-#pragma unroll
-      for (int k = 0; k < kGr; ++k)
-        put2(&dgs[t & 1][b][k * kKP + d0], hi, rnncc::from_float<T>(o.gr[k][0]), rnncc::from_float<T>(o.gr[k][1]));
-      sums.add(o.gb, o.p);
-    }
-    rnncc::cp_async_wait<kInAhead - 1>();  // step t - 1's inputs (earlier steps' may be in flight)
-    __syncthreads();
-    float acc[kChains][4];
-#pragma unroll
-    for (int i = 0; i < kChains; ++i)
-#pragma unroll
-      for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-    if (kGr > 0) {
-      const T* gbuf = &dgs[t & 1][g8][2 * c4];  // A fragments: batch row g8 (rows 8-15: zero)
-#pragma unroll
-      for (int kt = 0; kt < kGTiles; ++kt) {
-        const uint32_t ga[4] = {*reinterpret_cast<const uint32_t*>(gbuf + 16 * kt), 0u,
-                                *reinterpret_cast<const uint32_t*>(gbuf + 16 * kt + 8), 0u};
-        rnncc::mma16816<T>(acc[kt % kChains], ga, rb[kt][0], rb[kt][1]);
-      }
-    }
-    // The step's dWx and dGr out (the buffers are written again two steps on, after the
-    // barrier of the step between).
-    ox.copy(t, dws[t & 1]);
-    og.copy(t, reinterpret_cast<const unsigned char*>(&dgs[t & 1][0][0]));
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-#pragma unroll
-      for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
-      if (kGr > 0) {
-        float sum = 0.0f;
-#pragma unroll
-        for (int i = 0; i < kChains; ++i) sum += acc[i][q];
-        ds[kRec][q] += sum;
-      }
-    }
-  };
-
-#pragma unroll 2
-  for (int t = a.T - 1; t >= 0; --t) step(t);
-
-#pragma unroll
-  for (int q = 0; q < 2; ++q) {
-    const int d = 8 * warp + 2 * c4 + q;
-    if (d < kD && gb < a.B) {
-#pragma unroll
-      for (int s = 0; s < kS; ++s)
-        static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(ds[s][q]);
-    }
-  }
-  const int d0 = 8 * warp + 2 * c4;
-  if (d0 < kD && gb < a.B) sums.store(a, n, gb, d0);
-}
-
-// Launches the block backward, its ring of step inputs in dynamic shared memory, once the
-// function's limit for it is raised on the device: static and dynamic shared memory together
-// may pass the default 48 KiB even where the ring alone does not (sLSTM, head dim 24: 56 KiB).
-// Raised once per device and kept; a device past the first 64 raises it every launch.
-template <typename T>
-int mma_backward(const rnncc_fused_bwd_args& a, const dim3 grid, cudaStream_t stream) {
-  static std::atomic<unsigned long long> raised{0};  // a bit per device
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  const unsigned long long bit = dev >= 0 && dev < 64 ? 1ull << dev : 0ull;
-  if (err == cudaSuccess && (raised.load() & bit) == 0) {
-    err = cudaFuncSetAttribute(fused_backward_mma<T>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kBwSmem);
-    if (err == cudaSuccess) raised.fetch_or(bit);
-  }
-  if (err != cudaSuccess) return (int)err;
-  fused_backward_mma<T><<<grid, kMmaThreads, kBwSmem, stream>>>(a);
-  return (int)cudaGetLastError();
-}
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
 
-// Storage dtypes of another variant return cudaErrorNotSupported; the plan never launches them.
 extern "C" int rnncc_fused_forward(const rnncc_fused_args* a, const rnncc_launch* launch, cudaStream_t stream) {
-  if (a->D != kD) return (int)cudaErrorInvalidValue;
-  if ((long long)a->NH * a->B == 0) return 0;
-  const rnncc_launch& l = *launch;
-  if (l.kernel != 0 || l.threads != kMmaThreads || l.smem != 0 || l.grid_x != a->NH ||
-      l.grid_y != (a->B + kBC - 1) / kBC || l.grid_z != 1)
-    return (int)cudaErrorInvalidValue;
-  const dim3 grid((unsigned)l.grid_x, (unsigned)l.grid_y);
-  switch (a->dtype) {
-    case RNNCC_F16: fused_forward_mma<__half><<<grid, kMmaThreads, 0, stream>>>(*a); break;
-    case RNNCC_BF16: fused_forward_mma<__nv_bfloat16><<<grid, kMmaThreads, 0, stream>>>(*a); break;
-    default: return (int)cudaErrorNotSupported;
-  }
-  return (int)cudaGetLastError();
+  return rnncc::block_mma::forward<Cell>(a, launch, stream);
 }
 
 extern "C" int rnncc_fused_backward(const rnncc_fused_bwd_args* a, const rnncc_launch* launch, cudaStream_t stream) {
-  if (a->D != kD) return (int)cudaErrorInvalidValue;
-  if ((long long)a->NH * a->B == 0) return 0;
-  const rnncc_launch& l = *launch;
-  if (l.kernel != 0 || l.threads != kMmaThreads || l.smem != (int)kBwSmem ||
-      l.grid_x != a->NH || l.grid_y != (a->B + kBC - 1) / kBC || l.grid_z != 1)
-    return (int)cudaErrorInvalidValue;
-  const dim3 grid((unsigned)l.grid_x, (unsigned)l.grid_y);
-  switch (a->dtype) {
-    case RNNCC_F16: return mma_backward<__half>(*a, grid, stream);
-    case RNNCC_BF16: return mma_backward<__nv_bfloat16>(*a, grid, stream);
-    default: return (int)cudaErrorNotSupported;
-  }
-  return (int)cudaGetLastError();
+  return rnncc::block_mma::backward<Cell>(a, launch, stream);
 }

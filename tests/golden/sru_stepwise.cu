@@ -31,141 +31,88 @@
 //       h = rg * c + (1 - rg) * xs
 //       output h
 //   }
-// Per-step pointwise kernels of cell 'sru' for rnncc's stepwise backend: one thread
-// per (head, batch row, unit), float32 math for every storage dtype. Torch-free; the host
-// loop (stepwise_host.cpp) calls the extern "C" launchers through rnncc_abi.h.
-#include "rnncc_abi.h"
-#include "rnncc_ops.cuh"
+// The kernels are stepwise.cuh's, templated on the struct Cell below: the cell's shape, the
+// plan's constants, and one element's forward and backward. Torch-free; the host loop calls
+// the entry points at the end through rnncc_abi.h.
+#include "stepwise.cuh"
 
 namespace {
 
-constexpr int kS = 2;  // states: c, h
-constexpr int kO = 1;  // outputs: h
-constexpr int kGx = 4;  // W x gates: z, f, r, xs
-constexpr int kGr = 0;  // R h gates: none
-constexpr int kGb = 2;  // b gates: f, r
-constexpr int kP = 2;  // params: v_f, v_r
-constexpr int kThreads = 256;  // the plan's
-static_assert(kS >= 1, "a cell has at least one state");
-static_assert(kO >= 1 && kO <= kS, "the outputs are some of the states");
+struct Cell {
+  static constexpr int kS = 2;  // states: c, h
+  static constexpr int kO = 1;  // outputs: h
+  static constexpr int kGx = 4;  // W x gates: z, f, r, xs
+  static constexpr int kGr = 0;  // R h gates: none
+  static constexpr int kGb = 2;  // b gates: f, r
+  static constexpr int kP = 2;  // params: v_f, v_r
+  static constexpr int kRec = 0;  // the recurrent state: none
+  // The plan's constants.
+  static constexpr int kThreads = 256;
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) forward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + ((long long)n * a.B + b) * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  T* y = static_cast<T*>(a.y) + bt * NHD + hd;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // stride between outputs in y
-  // leaves
-  const float s_c = a.s_old[i];
-  const float g_z = rnncc::to_float(Wx[0]);
-  const float g_f = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[0]);
-  const float g_r = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[NHD]);
-  const float g_xs = rnncc::to_float(Wx[3 * NHD]);
-  const float p_v_f = rnncc::to_float(prm[0]);
-  const float p_v_r = rnncc::to_float(prm[NHD]);
-  // the cell
-  const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-  const float new_c = v_fg * s_c + (1.0f - v_fg) * g_z;
-  const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
-  // new states
-  const float new_h = v_rg * new_c + (1.0f - v_rg) * g_xs;
-  // stores
-  a.s_new[i] = new_c;
-  a.s_new[NBD + i] = new_h;
-  y[0] = rnncc::from_float<T>(new_h);
-}
+  // The state that output o is.
+  __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 1 : -1; }
 
-template <typename T>
-__global__ void __launch_bounds__(kThreads) backward_step(const rnncc_step_args a) {
-  const long long NHD = (long long)a.NH * a.D;
-  const long long NBD = NHD * a.B;
-  const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= NBD) return;
-  const int d = (int)(i % a.D);
-  const int b = (int)((i / a.D) % a.B);
-  const int n = (int)(i / ((long long)a.D * a.B));
-  const long long hd = (long long)n * a.D + d;
-  const long long bt = (long long)b * a.T + a.t;
-  const long long nb = (long long)n * a.B + b;
-  [[maybe_unused]] const T* Wx = static_cast<const T*>(a.Wx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] const float* Rh = a.Rh + nb * kGr * a.D + d;
-  [[maybe_unused]] const T* bias = static_cast<const T*>(a.bias) + hd;
-  [[maybe_unused]] const T* prm = static_cast<const T*>(a.params) + hd;
-  [[maybe_unused]] const T* dy = static_cast<const T*>(a.dy) + bt * NHD + hd;
-  [[maybe_unused]] T* dWx = static_cast<T*>(a.dWx) + bt * kGx * NHD + hd;
-  [[maybe_unused]] float* dGr = a.dGr + nb * kGr * a.D + d;
-  [[maybe_unused]] float* dGb = a.dGb + nb * kGb * a.D + d;
-  [[maybe_unused]] float* dP = a.dP + nb * kP * a.D + d;
-  [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
-  // leaves
-  const float s_c = a.s_old[i];
-  const float g_z = rnncc::to_float(Wx[0]);
-  const float g_f = rnncc::to_float(Wx[NHD]) + rnncc::to_float(bias[0]);
-  const float g_r = rnncc::to_float(Wx[2 * NHD]) + rnncc::to_float(bias[NHD]);
-  const float g_xs = rnncc::to_float(Wx[3 * NHD]);
-  const float p_v_f = rnncc::to_float(prm[0]);
-  const float p_v_r = rnncc::to_float(prm[NHD]);
-  const float dn_c = a.ds_new[i];
-  const float dn_h = a.ds_new[NBD + i];
-  const float do_h = rnncc::to_float(dy[0]);
-  // the backward cell
-  const float v_t0 = dn_h + do_h;
-  const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
-  const float v_t1 = 1.0f - v_fg;
-  const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
-  const float v_t2 = 1.0f - v_rg;
-  const float d_r = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
-  const float v_t3 = dn_c + v_t0 * v_rg;
-  const float d_f = (-(v_t3 * g_z) + v_t3 * s_c) * v_t1 * v_fg;
-  // cotangents of the old states, the gates and the params
-  a.ds_old[i] = d_r * p_v_r + v_t3 * v_fg + d_f * p_v_f;
-  a.ds_old[NBD + i] = 0.0f;
-  const float d_z = v_t3 * v_t1;
-  dWx[0] = rnncc::from_float<T>(d_z);
-  dWx[NHD] = rnncc::from_float<T>(d_f);
-  dGb[0] = d_f;
-  dWx[2 * NHD] = rnncc::from_float<T>(d_r);
-  dGb[a.D] = d_r;
-  const float d_xs = v_t0 * v_t2;
-  dWx[3 * NHD] = rnncc::from_float<T>(d_xs);
-  dP[0] = d_f * s_c;
-  dP[a.D] = d_r * s_c;
-}
-
-int launch(void (*f32)(rnncc_step_args), void (*f16)(rnncc_step_args),
-           void (*bf16)(rnncc_step_args), const rnncc_step_args* a, cudaStream_t stream) {
-  const long long n = (long long)a->NH * a->B * a->D;
-  if (n == 0) return 0;
-  const unsigned blocks = (unsigned)((n + kThreads - 1) / kThreads);
-  switch (a->dtype) {
-    case RNNCC_F32: f32<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_F16: f16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    case RNNCC_BF16: bf16<<<blocks, kThreads, 0, stream>>>(*a); break;
-    default: return (int)cudaErrorInvalidValue;
+  // The new states of one element.
+  template <class In>
+  __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
+    const float s_c = in.state(0);
+    const float g_z = in.wx(0);
+    const float g_f = in.wx(1) + in.bias(0);
+    const float g_r = in.wx(2) + in.bias(1);
+    const float g_xs = in.wx(3);
+    const float p_v_f = in.param(0);
+    const float p_v_r = in.param(1);
+    const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
+    const float new_c = v_fg * s_c + (1.0f - v_fg) * g_z;
+    const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
+    next[0] = new_c;
+    next[1] = v_rg * new_c + (1.0f - v_rg) * g_xs;
   }
-  return (int)cudaGetLastError();
-}
+
+  // The cotangents of one element's old states, gate parts and params.
+  template <class In, class Out>
+  __device__ __forceinline__ static void backward(const In& in, const Out& out) {
+    const float s_c = in.state(0);
+    const float g_z = in.wx(0);
+    const float g_f = in.wx(1) + in.bias(0);
+    const float g_r = in.wx(2) + in.bias(1);
+    const float g_xs = in.wx(3);
+    const float p_v_f = in.param(0);
+    const float p_v_r = in.param(1);
+    const float dn_c = in.dstate(0);
+    const float dn_h = in.dstate(1);
+    const float do_h = in.dout(0);
+    const float v_t0 = dn_h + do_h;
+    const float v_fg = rnncc_sigmoid(g_f + p_v_f * s_c);
+    const float v_t1 = 1.0f - v_fg;
+    const float v_rg = rnncc_sigmoid(g_r + p_v_r * s_c);
+    const float v_t2 = 1.0f - v_rg;
+    const float d_r = (-(v_t0 * g_xs) + v_t0 * (v_fg * s_c + v_t1 * g_z)) * v_t2 * v_rg;
+    const float v_t3 = dn_c + v_t0 * v_rg;
+    const float d_f = (-(v_t3 * g_z) + v_t3 * s_c) * v_t1 * v_fg;
+    out.d_state(0, d_r * p_v_r + v_t3 * v_fg + d_f * p_v_f);
+    out.d_state(1, 0.0f);
+    const float d_z = v_t3 * v_t1;
+    out.d_wx(0, d_z);
+    out.d_wx(1, d_f);
+    out.d_bias(0, d_f);
+    out.d_wx(2, d_r);
+    out.d_bias(1, d_r);
+    const float d_xs = v_t0 * v_t2;
+    out.d_wx(3, d_xs);
+    out.d_param(0, d_f * s_c);
+    out.d_param(1, d_r * s_c);
+  }
+};
 
 }  // namespace
 
 extern "C" int rnncc_abi_version() { return RNNCC_ABI_VERSION; }
 
 extern "C" int rnncc_forward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(forward_step<float>, forward_step<__half>, forward_step<__nv_bfloat16>, a, stream);
+  return rnncc::stepwise::forward<Cell>(a, stream);
 }
 
 extern "C" int rnncc_backward_step(const rnncc_step_args* a, cudaStream_t stream) {
-  return launch(backward_step<float>, backward_step<__half>, backward_step<__nv_bfloat16>, a,
-                stream);
+  return rnncc::stepwise::backward<Cell>(a, stream);
 }

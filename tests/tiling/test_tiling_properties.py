@@ -56,7 +56,7 @@ def devices(draw: st.DrawFn) -> HardwareCaps:
 
 
 def _check_launch(plan: Plan) -> None:
-    """The launch as the kernels check it (templates/fused_block.cu.j2, fused_grid.cuh.j2)."""
+    """The launch as the kernels check it (``planned`` in templates/block_*.cuh, grid_mma.cuh)."""
     p, caps, build = plan.problem, plan.caps, plan.build
     fw, bw = plan.launch.forward, plan.launch.backward
     if plan.variant == "stepwise":

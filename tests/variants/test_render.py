@@ -14,7 +14,7 @@ import pytest
 from codegen.test_stepwise_codegen import _compile, _nvcc
 
 import rnncc
-from rnncc.codegen.stepwise import GeneratedSource
+from rnncc.codegen.source import GeneratedSource
 from rnncc.frontend import compile_source
 from rnncc.ir.cell import Cell
 from rnncc.resources import templates_dir
@@ -173,15 +173,18 @@ def test_shared_memory_limits_of_the_block_mma_kernels():
 
 
 def test_each_variant_renders_only_its_kernels():
+    """A library is its variant's skeleton on the cell: it includes that skeleton alone, its
+    entry points call that skeleton's, and its build copies that skeleton's headers."""
     elman = example("elman")
-    ffma = render(elman, FFMA, 64).text
-    assert "fused_forward_ffma<float>" in ffma and "fused_forward_mma" not in ffma
-    mma = render(elman, MMA, 64).text
-    assert "fused_forward_mma<__nv_bfloat16>" in mma and "mma_backward<__half>" in mma
-    assert "fused_forward_ffma" not in mma and "case RNNCC_F32" not in mma
-    assert ruled_out(elman.ir, 128, FFMA) and "mma_backward<__half>" in render(elman, MMA, 128).text
-    grid = render(elman, GRID, 64).text
-    assert "grid_launch<__half, true>" in grid and "fused_forward_mma" not in grid
+    for variant in (FFMA, MMA, GRID, BY_NAME["stepwise"]):
+        src = render(elman, variant, 64)
+        (include,) = re.findall(r'^#include "([^"]+)"$', src.text, re.M)
+        assert include == f"{variant.name}.cuh" and include in src.headers
+        calls = set(re.findall(r"return (rnncc::\w+)::\w+<Cell>", src.text))
+        assert calls == {f"rnncc::{variant.name}"}
+        others = {f"{v.name}.cuh" for v in VARIANTS} - {include}
+        assert not others & set(src.headers)
+        assert all((templates_dir() / h).is_file() for h in src.headers)
 
 
 def test_wide_grid_blocks_only_for_the_cells_and_sizes_that_fit_them():
@@ -278,7 +281,7 @@ def test_build_record_reaches_the_traits_and_the_header(variant, name, D):
         ]
     lines = text.splitlines()
     for line in expected:
-        assert line in lines, f"{line!r} not in the traits block of {variant.name}"
+        assert f"  static {line}" in lines, f"{line!r} not in the traits of {variant.name}"
 
 
 #: Formulas that the templates once spelled and the variants' build records now own: none

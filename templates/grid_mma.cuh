@@ -1,0 +1,728 @@
+// The grid_mma variant's kernels (bf16 / fp16), for heads whose R does not fit one SM: block
+// (u, head, batch chunk) owns UW tiles of 8 units, [8 UW u, 8 UW u + 8 UW) (UW = 1: narrow
+// blocks, 2: wide), and the chunk's NT x 8 batch rows, and keeps its part of R in registers as
+// mma fragments for the whole sequence, the product's k (h's units forward, the gate rows
+// backward) split over the block's warps. A cell warp owns one unit tile (ut) of 8 batch rows
+// (jt). A step:
+//
+// - forward: h of the step before, from every block of the head, through the exchange buffer
+//   (rnncc_mma.cuh: 16-bit values behind a counter per batch chunk, h in fragment order),
+//   each warp loading its k range's B fragments itself; each warp's part of R·h (the A tiles
+//   as in the block tier: two gates of a unit tile per tile) into shared memory; the cell
+//   warps sum the parts, run the cell, C::forward (a lane: unit 8 (UW u + ut) + g, rows
+//   8 jt + 2c and + 1) and publish the new h;
+// - backward: the cell warps run the backward cell, C::backward (a lane: rows 8 jt + g, units
+//   8 (UW u + ut) + 2c and + 1) and publish the gate cotangents (in fragment order); each warp
+//   loads its k range's fragments of dg from the exchange rows; each warp's part of dgᵀ·R
+//   (narrow: m = batch rows, 16 per tile, n = the 8 units; wide: m = the 16 units, n = 8 batch
+//   rows per tile); the cell warps sum the parts into the states' cotangents.
+//
+// Blocks of one head wait only for the values they read (the rows of their chunk), with no
+// grid-wide barrier. Every block of a launch must be resident at once: the launch is
+// cooperative, and the host side splits (head, chunk) pairs into as many launches as the GPU
+// needs (launch_grid, which also picks narrow or wide blocks and NT).
+//
+// Inputs are prefetched into L2 kL2Ahead steps before a register load of them.
+//
+// Templated on the generated cell struct C: the cell's shape, kD, kBC (8), and the plan's
+// kernel table (kGridKernels kernels: kGridNT, kGridUW, their threads and shared memory), the
+// product splits (kFwWarps, kFwKT, kBwWarps, kBwKT) and the exchange's kXWords.
+#pragma once
+#include <mutex>
+#include <type_traits>
+#include <utility>
+
+#include "mma_common.cuh"
+
+namespace rnncc {
+namespace grid_mma {
+
+template <class C>
+struct Kernels : MmaCommon<C> {
+  using Base = MmaCommon<C>;
+  using Base::kS, Base::kO, Base::kGx, Base::kGr, Base::kGb, Base::kP, Base::kRec, Base::kD, Base::kBC, Base::kRows;
+  using Base::kKP, Base::kKTiles, Base::kPairs, Base::kGRows, Base::kGTiles, Base::kPaired;
+  using Base::r_at, Base::get2, Base::put2, Base::bits_float, Base::get2_raw, Base::raw_float, Base::load_step_inputs;
+  using typename Base::SumOverTime, typename Base::StepResults, typename Base::BackwardOut;
+  template <typename T>
+  using StepInputs = typename Base::template StepInputs<T>;
+  template <typename T>
+  using ForwardIn = typename Base::template ForwardIn<T>;
+  template <typename T, int kLen>
+  using BackwardIn = typename Base::template BackwardIn<T, kLen>;
+  static constexpr int kXWords = C::kXWords, kGridKernels = C::kGridKernels;
+
+  static constexpr int kL2Ahead = 8;
+
+  // The plan (traits) sizes each kernel: kGridKernels of them, kernel i with blocks of kGridUW[i]
+  // tiles of 8 units (1: narrow, 2: wide) and kGridNT[i] tiles of 8 batch rows, kGridFwThreads[i]
+  // and kGridBwThreads[i] threads, kGridFwSmem[i] and kGridBwSmem[i] bytes of dynamic shared
+  // memory; the product's k split over kFwWarps[UW - 1] warps of kFwKT[UW - 1] k tiles (R·h) and
+  // kBwWarps[UW - 1] of kBwKT[UW - 1] (dgᵀ·R); kXWords exchange values per (head, batch row): dg
+  // in fragment order, whole pairs of k tiles (rnncc::frag_pos; h fits in them, in the same order).
+  __host__ __device__ static constexpr int grid_kernel_index(int nt, int uw) {
+    for (int i = 0; i < kGridKernels; ++i)
+      if (C::kGridNT[i] == nt && C::kGridUW[i] == uw) return i;
+    return -1;
+  }
+  static constexpr int kBwGroup = 8;  // dgᵀ·R's k tiles whose fragments of dg are loaded at once
+  static constexpr int kUnitTiles = (kD + 7) / 8;  // tiles of 8 units per head
+  static_assert(kXWords % 32 == 0 && kXWords >= kGTiles * 16, "the exchange holds a row's dg in whole k-tile pairs");
+  static_assert(kBC == 8, "a block's batch rows are n tiles of 8");
+
+  // Where (batch row r of the head, fragment-order position p) sits in an exchange slot: in
+  // blocks of 8 rows x one pair of k tiles (32 values), so that a warp's 16-byte fragment loads
+  // of one pair for 8 rows (lanes g, c: row g, values 8c..8c+7) read 512 adjacent bytes. Rows
+  // past the batch are padding (a slot holds the batch rounded up to 8 rows per head).
+  static __device__ __forceinline__ long long xchg_at(int r, int p) {
+    return ((long long)(r >> 3) * (kXWords / 32) + (p >> 5)) * 256 + (r & 7) * 32 + (p & 31);
+  }
+
+  // The exchange of a block's head and batch chunk in a.xchg (rnncc_abi.h; the host sizes it in
+  // attach_exchange): values [2][NH][B8 x kXWords] (16-bit, B8: B rounded up to 8 rows), slot s
+  // (by step parity) at slot(s), a value at + xchg_at(row, position); then the counters
+  // [NH][B8 / 8], one per 8-row group. The first counter of the 8-row groups that step together
+  // counts their slices' steps: each cell warp (of a unit tile inside the head) adds 1 per step,
+  // so a step's count is kUnitTiles x the cell warps of a unit tile's 8 rows (per_tile) x the live
+  // 8-row groups among them (per_step).
+  struct Exchange {
+    unsigned short* values;  // slot 0 of this head
+    long long slot_size;     // 16-bit values of one slot, every head
+    unsigned* counter;       // the chunk's first 8-row group's
+    int groups;              // the chunk's live 8-row groups
+    unsigned per_tile;       // counts per unit tile and 8-row group each step (its cell warps)
+
+    __device__ Exchange(unsigned* xchg, const int B, const int NH, const int n, const int b0, const int rows,
+                        const unsigned per_tile = 1)
+        : per_tile(per_tile) {
+      const long long B8 = (B + 7) / 8 * 8;
+      values = reinterpret_cast<unsigned short*>(xchg) + n * B8 * kXWords;
+      slot_size = NH * B8 * kXWords;
+      counter = xchg + slot_size + (long long)n * (B8 / 8) + b0 / 8;  // past both slots (32-bit words)
+      groups = (rows + 7) / 8;
+    }
+    __device__ __forceinline__ unsigned short* slot(const int s) const { return values + (s & 1) * slot_size; }
+    // A step's count on the counter of the chunk's 8-row groups [first, first + count).
+    __device__ __forceinline__ unsigned per_step(const int first, const int count) const {
+      const int live = groups - first < count ? groups - first : count;
+      return (unsigned)kUnitTiles * per_tile * (unsigned)(live > 0 ? live : 0);
+    }
+  };
+
+  template <typename T, int NT, int UW>
+  static __device__ __forceinline__ void forward(const rnncc_fused_args& a, const int n0, const int c0) {
+    constexpr int kThreads = C::kGridFwThreads[grid_kernel_index(NT, UW)];
+    constexpr int kWarps = C::kFwWarps[UW - 1], kKT = C::kFwKT[UW - 1];  // product warps, k tiles of R·h each
+    constexpr int kMT = UW * kPairs;  // m tiles of R·h: the gate pairs of each unit tile
+    extern __shared__ __align__(16) unsigned char smem[];
+    // The chunk's n tiles in kSplit parts, each a recurrence of its own (its own counter): while
+    // one part's h crosses the exchange, the block runs the other's product and cell. Each part
+    // costs a wait of its own, so this pays only where the product is long: measured on the
+    // 1 x 768 LSTM forward kernel (H100, A/B in one run, µs per step), two parts took 5.6-5.7
+    // instead of 6.2 at B = 64 (NT = 8), but 3.9 instead of 2.5 at B = 16 (NT = 2) and 4.4
+    // instead of 3.4 at B = 32 (NT = 4); four parts at B = 64, 8.1.
+    constexpr int kSplit = NT == 8 && UW == 1 ? 2 : 1, kNTh = NT / kSplit;
+    // n tiles whose h fragments are loaded at once (wide: one, for its 168 registers per thread)
+    constexpr int kJ = kNTh < 2 || UW == 2 ? 1 : 2;
+    // A cell lane's batch rows: 8 jt + 2 c4 + q + qs for q < kQ. Where a narrow block has twice as
+    // many warps as n tiles, two cell warps share an n tile, one per row parity qs (kQ = 1): each
+    // lane sums and runs the cell for one row rather than two. Measured on the 1 x 768 LSTM forward
+    // kernel (H100, bf16, T = 1024, A/B in one run): 1.77-1.81 ms instead of 1.89-1.94 at B = 8
+    // (narrow, NT = 1). Not on wide blocks: at NT = 1 (B = 16) it gained nothing (1.86-1.87 ms
+    // against 1.85-1.90), at NT = 2 (B = 32) it lost (3.05-3.08 against 2.67-2.71), and ptxas
+    // spilled in both within their 168 registers per thread.
+    constexpr int kQ = UW == 1 && 2 * NT <= kWarps ? 1 : 2;
+    constexpr int kRowWarps = 2 / kQ;  // cell warps per (unit tile, n tile), one per row parity
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g8 = lane >> 2, c4 = lane & 3;
+    // a cell warp's unit tile, n tile (8 batch rows) and row parity
+    const int ut = warp % UW, jt = warp / UW % NT, qs = kQ == 2 ? 0 : warp / (UW * NT);
+    const int u = blockIdx.x, n = n0 + blockIdx.y, b0 = (c0 + blockIdx.z) * 8 * NT;
+    const int rows = a.B - b0 < 8 * NT ? a.B - b0 : 8 * NT;  // live batch rows of this block
+    const long long NHD = (long long)a.NH * kD;
+    const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
+    const T* states = static_cast<const T*>(a.states);
+    const int d = 8 * (UW * u + ut) + g8;  // a cell lane's unit
+    const int r0 = 8 * jt + 2 * c4 + qs;  // and its first batch row in the chunk (then + q)
+    const bool unit = d < kD, cell = warp < UW * NT * kRowWarps;
+    const bool counts = cell && 8 * (UW * u + ut) < kD;  // a cell warp of a unit tile inside the head
+    const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);
+    // The warps' parts of R·h, [warp][m tile][n tile][row parity][lane], a cell lane's values
+    // together: the C fragment's 4 (float4, kQ = 2) or its 2 of a row parity (float2 c0, c2 and
+    // c1, c3, kQ = 1); summed over the warps kRedChunk parts at a time (rnncc::sum_parts).
+    typedef typename std::conditional<kQ == 2, float4, float2>::type Part;
+    Part* const red = reinterpret_cast<Part*>(smem);
+    constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
+
+    // A fragments of R, k tiles [kKT warp, kKT warp + kKT) (zero past the head); m tile m: gates
+    // 2p, 2p + 1 (p = m % kPairs) of unit tile m / kPairs.
+    uint32_t ra[kMT][kKT][4];
+#pragma unroll
+    for (int m = 0; m < kMT; ++m) {
+      const int p = m % kPairs, dr = 8 * (UW * u + m / kPairs) + g8;
+#pragma unroll
+      for (int i = 0; i < kKT; ++i) {
+        const T* R = static_cast<const T*>(a.R);
+        const int k0 = 16 * (kKT * warp + i) + 2 * c4;
+        ra[m][i][0] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0), r_at(R, a.NH, n, 2 * p, dr, k0 + 1));
+        ra[m][i][1] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 1));
+        ra[m][i][2] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0 + 8), r_at(R, a.NH, n, 2 * p, dr, k0 + 9));
+        ra[m][i][3] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 8), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 9));
+      }
+    }
+
+    float st[kS][2];  // [q]: slot 1 unused where kQ = 1, as in bv, pv and W x
+    float pv[kP > 0 ? kP : 1][2];
+    float bv[kGb > 0 ? kGb : 1][2];
+#pragma unroll
+    for (int q = 0; q < kQ; ++q) {
+      const int gb = b0 + r0 + q;
+      const bool live = cell && unit && gb < a.B;
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        st[s][q] = live ? rnncc::to_float(states[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
+        if (live && a.hist) a.hist[(((long long)s * a.NH + n) * a.B + gb) * kD + d] = st[s][q];
+      }
+#pragma unroll
+      for (int k = 0; k < kGb; ++k) bv[k][q] = unit ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+        pv[p][q] = unit ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
+      if (kGr > 0 && live) rnncc::xchg_put(ex.slot(0) + xchg_at(gb, rnncc::frag_pos(d)), rnncc::from_float<T>(st[kRec][q]));
+    }
+    __syncwarp();
+    if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B) rnncc::xchg_count(ex.counter + jt / kNTh * kNTh);
+    [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;  // outputs' stride (one output: unused)
+    const long long NBD = (long long)a.NH * a.B * kD;  // one state of the saved history
+    T* const Y = static_cast<T*>(a.y);
+
+    // W x of step t into w (cell lanes; unconditional loads, as in the block tier). Offsets are
+    // computed where used rather than kept: the wide kernels have no registers to spare.
+    typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];  // raw 16-bit elements (bits_float)
+    auto load_wx = [&](const int t, WxRegs& w) {
+      if (!cell) return;
+      const long long step_off = (long long)(t < a.T ? t : a.T - 1) * kGx * NHD;
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const int gb = b0 + r0 + q;
+        const bool live = unit && gb < a.B;
+        const long long at = (long long)gb * a.T * kGx * NHD + (long long)n * kD + d + step_off;
+        const unsigned short* Wx = static_cast<const unsigned short*>(a.Wx) + (live ? at : 0);
+#pragma unroll
+        for (int k = 0; k < kGx; ++k) w[k][q] = Wx[k * NHD];
+      }
+    };
+    const int units = kD - 8 * UW * u < 8 * UW ? kD - 8 * UW * u : 8 * UW;
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 16 * UW, kThreads)> wx_l2;  // W x, kL2Ahead steps ahead
+    wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
+               (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
+    auto step = [&](const int t, WxRegs& wxv) {
+      if (t + kL2Ahead < a.T) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
+      for (int hf = 0; hf < kSplit; ++hf) {
+        if (b0 + 8 * kNTh * hf >= a.B) break;  // a part wholly past the batch (uniform in the block)
+        if (kGr > 0) {
+          // Each product warp loads its B fragments straight from the exchange rows (published in
+          // fragment order), kJ n tiles' loads in flight at once. In place of a copy of h into
+          // shared memory and a barrier, this took the 1 x 768 forward kernels 8-14 % less time
+          // (H200, B = 16 and 64).
+          rnncc::xchg_wait(ex.counter + kNTh * hf, (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh));
+          if (warp < kWarps) {
+            const unsigned short* const hx = ex.slot(t);
+#pragma unroll 1  // unrolled, ptxas hoists later tiles' loads and spills at NT = 8
+            for (int j0 = kNTh * hf; j0 < kNTh * hf + kNTh; j0 += kJ) {
+              uint32_t hb[kJ][kKT][2];
+#pragma unroll
+              for (int j = 0; j < kJ; ++j)
+                rnncc::load_fragments<kKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
+                                                        b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
+#pragma unroll
+              for (int j = 0; j < kJ; ++j) {  // n tile j0 + j: batch rows [8 (j0 + j), 8 (j0 + j) + 8) of the chunk
+                float acc[kMT][4];
+#pragma unroll
+                for (int m = 0; m < kMT; ++m)
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
+#pragma unroll
+                for (int i = 0; i < kKT; ++i) {
+                  if (kKT * warp + i < kKTiles) {
+#pragma unroll
+                    for (int m = 0; m < kMT; ++m) rnncc::mma16816<T>(acc[m], ra[m][i], hb[j][i][0], hb[j][i][1]);
+                  }
+                }
+#pragma unroll
+                for (int m = 0; m < kMT; ++m) {
+                  Part* const r = red + ((warp * kMT + m) * NT + j0 + j) * 32 * kRowWarps + lane;
+                  if constexpr (kQ == 2) {
+                    r[0] = make_float4(acc[m][0], acc[m][1], acc[m][2], acc[m][3]);
+                  } else {
+                    r[0] = make_float2(acc[m][0], acc[m][2]);
+                    r[32] = make_float2(acc[m][1], acc[m][3]);
+                  }
+                }
+              }
+            }
+          }
+          __syncthreads();
+        }
+        if (cell && jt / kNTh == hf) {
+          // C fragment values (gate 2 p + k % 2, row r0 + q) at acc[p][k % 2 * 2 + q], q < kQ
+          float acc[kPairs][4];
+#pragma unroll
+          for (int p = 0; p < kPairs; ++p) {
+            constexpr int kStride = kMT * NT * 32 * kRowWarps;  // one warp's parts
+            const Part* const r = red + ((ut * kPairs + p) * NT + jt) * 32 * kRowWarps + 32 * qs + lane;
+            const Part sum = kGr > 0 ? rnncc::sum_parts<kWarps, kRedChunk>(r, kStride) : Part{};
+            if constexpr (kQ == 2) {
+              acc[p][0] = sum.x;
+              acc[p][1] = sum.y;
+              acc[p][2] = sum.z;
+              acc[p][3] = sum.w;
+            } else {
+              acc[p][0] = sum.x;
+              acc[p][2] = sum.y;
+            }
+          }
+          T* yp[2];
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) {
+            const int gb = b0 + r0 + q;
+            yp[q] = Y + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
+          }
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) {
+            const int gb = b0 + r0 + q;
+            if (unit && gb < a.B) {
+              float next[kS];
+              C::forward(ForwardIn<T>{st, wxv, acc, bv, pv, q}, next);
+              // the new states into registers, h published
+#pragma unroll
+              for (int s = 0; s < kS; ++s) st[s][q] = next[s];
+              if (kGr > 0) rnncc::xchg_put(ex.slot(t + 1) + xchg_at(gb, rnncc::frag_pos(d)), rnncc::from_float<T>(next[kRec]));
+            }
+          }
+          __syncwarp();
+          if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)
+            rnncc::xchg_count(ex.counter + kNTh * hf);
+          // The outputs and what the backward reads, after the count: its release waits for every
+          // store the warp issued before it, and these are read only after the kernel.
+#pragma unroll
+          for (int q = 0; q < kQ; ++q) {
+            const int gb = b0 + r0 + q;
+            if (unit && gb < a.B) {
+              if (a.rh) {
+#pragma unroll
+                for (int k = 0; k < kGr; ++k) a.rh[(((long long)t * a.NH + n) * a.B + gb) * kRows + k * kD + d] = acc[k / 2][k % 2 * 2 + q];
+              }
+#pragma unroll
+              for (int o = 0; o < kO; ++o) yp[q][o * yO] = rnncc::from_float<T>(st[C::output_state(o)][q]);
+              if (a.hist) {
+                float* const h = a.hist + (t + 1) * kS * NBD + ((long long)n * a.B + gb) * kD + d;
+#pragma unroll
+                for (int s = 0; s < kS; ++s) h[s * NBD] = st[s][q];
+              }
+            }
+          }
+        }
+      }
+      load_wx(t + 2, wxv);  // after the cell's last read of it: two steps ahead
+    };
+
+    WxRegs wa, wb;
+    if (a.T > 0) {  // an empty sequence has no W x to read; else every load is clamped into it
+      load_wx(0, wa);
+      load_wx(1, wb);
+    }
+    int t = 0;
+    for (; t + 1 < a.T; t += 2) {
+      step(t, wa);
+      step(t + 1, wb);
+    }
+    if (t < a.T) step(t, wa);
+
+    if (cell) {
+#pragma unroll
+      for (int q = 0; q < kQ; ++q) {
+        const int gb = b0 + r0 + q;
+        if (unit && gb < a.B) {
+#pragma unroll
+          for (int s = 0; s < kS; ++s)
+            static_cast<T*>(a.last)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(st[s][q]);
+        }
+      }
+    }
+  }
+
+  template <typename T, int NT, int UW>
+  static __device__ __forceinline__ void backward(const rnncc_fused_bwd_args& a, const int n0, const int c0) {
+    constexpr int kThreads = C::kGridBwThreads[grid_kernel_index(NT, UW)];
+    constexpr int kWarps = C::kBwWarps[UW - 1], kKT = C::kBwKT[UW - 1];  // product warps, gate-row k tiles each
+    // Tiles of dgᵀ·R: narrow, m tiles of 16 batch rows; wide, n tiles of 8 (m: the block's 16 units).
+    constexpr int kMT = UW == 2 ? NT : (NT + 1) / 2;
+    constexpr int kMJ = kMT < 2 ? kMT : 2;  // tiles whose dg fragments are loaded at once
+    constexpr int kUnits = 8 * UW;  // units per block
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* const red = reinterpret_cast<float*>(smem);  // the warps' parts of dgᵀ·R
+    float (*const bsm)[kUnits] = reinterpret_cast<float (*)[kUnits]>(red + kWarps * kMT * 4 * 32);  // [kGb][kUnits]
+    float (*const psm)[kUnits] = bsm + (kGb > 0 ? kGb : 1);  // [kP][kUnits]
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g8 = lane >> 2, c4 = lane & 3;
+    const int ut = warp % UW, jt = warp / UW;  // a cell warp's unit tile and 8 batch rows
+    const int u = blockIdx.x, n = n0 + blockIdx.y, b0 = (c0 + blockIdx.z) * 8 * NT;
+    const int rows = a.B - b0 < 8 * NT ? a.B - b0 : 8 * NT;
+    const int d_blk = kUnits * u;  // the block's first unit
+    const int gb = b0 + 8 * jt + g8;  // a cell lane's batch row; its units are d0 + q
+    const int d0 = d_blk + 8 * ut + 2 * c4;
+    const bool cell = warp < UW * NT;
+    const bool counts = cell && d_blk + 8 * ut < kD;  // a cell warp of a unit tile inside the head
+    const long long NHD = (long long)a.NH * kD;
+    const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
+    const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows);
+
+    // R's fragments, gate-row k tiles [kKT warp, kKT warp + kKT): narrow, B fragments (column j:
+    // unit d_blk + j); wide, A fragments of Rᵀ (row m: unit d_blk + m).
+    uint32_t rf[kKT][UW == 2 ? 4 : 2];
+#pragma unroll
+    for (int i = 0; i < kKT; ++i) {
+      const T* R = static_cast<const T*>(a.R);
+      const int r0 = 16 * (kKT * warp + i) + 2 * c4, r1 = r0 + 8, in = d_blk + g8;
+      auto rt = [&](const int r, const int d) {  // Rᵀ[d][r r + 1], packed
+        return rnncc::pack2<T>(r_at(R, a.NH, n, r / kKP, r % kKP, d), r_at(R, a.NH, n, (r + 1) / kKP, (r + 1) % kKP, d));
+      };
+      rf[i][0] = rt(r0, in);
+      if constexpr (UW == 2) {
+        rf[i][1] = rt(r0, in + 8);
+        rf[i][2] = rt(r1, in);
+        rf[i][3] = rt(r1, in + 8);
+      } else {
+        rf[i][1] = rt(r1, in);
+      }
+    }
+    if (threadIdx.x < kUnits) {
+      const int du = d_blk + threadIdx.x;
+#pragma unroll
+      for (int k = 0; k < kGb; ++k) bsm[k][threadIdx.x] = du < kD ? rnncc::to_float(bias[k * NHD + du]) : 0.0f;
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+        psm[p][threadIdx.x] = du < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + du]) : 0.0f;
+    }
+    float ds[kS][2];
+    SumOverTime sums;
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int d = d0 + q;
+      const bool live = cell && d < kD && gb < a.B;
+#pragma unroll
+      for (int s = 0; s < kS; ++s)
+        ds[s][q] = live ? rnncc::to_float(static_cast<const T*>(a.dlast)[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
+    }
+    __syncthreads();
+
+    typedef StepInputs<T> Inputs;
+    const long long yO = (long long)a.B * a.T * NHD;
+    auto load_inputs = [&](const int t, Inputs& in) {
+      if (t >= 0 && cell) load_step_inputs(a, t, n, gb, d0, in);
+    };
+    const int units = kD - d_blk < kUnits ? kD - d_blk : kUnits;
+    // Step t's inputs of this block's units into L2: the addresses of step 0, moved per step.
+    const long long NB = (long long)a.NH * a.B;
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(kS * 8 * NT, 4 * kUnits, kThreads)> hist_l2;
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * (kGr > 0 ? kGr : 1), 4 * kUnits, kThreads)> rh_l2;
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 2 * kUnits, kThreads)> wx_l2;
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kO, 2 * kUnits, kThreads)> dy_l2;
+    hist_l2.init(a.hist + (long long)n * a.B * kD + (long long)b0 * kD + d_blk, NB * kD, kS, kD, rows, units, threadIdx.x,
+                 kThreads);
+    if (kGr > 0)
+      rh_l2.init(a.rh + ((long long)n * a.B + b0) * kRows + d_blk, kRows, rows, kD, kGr, units, threadIdx.x, kThreads);
+    wx_l2.init(static_cast<const T*>(a.Wx) + (long long)b0 * a.T * kGx * NHD + (long long)n * kD + d_blk,
+               (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
+    dy_l2.init(static_cast<const T*>(a.dy) + (long long)b0 * a.T * NHD + (long long)n * kD + d_blk, (long long)a.T * NHD,
+               rows, yO, kO, units, threadIdx.x, kThreads);
+    auto prefetch = [&](const int t) {
+      hist_l2.prefetch((long long)t * kS * NB * kD * (long long)sizeof(float));
+      if (kGr > 0) rh_l2.prefetch((long long)t * NB * kRows * (long long)sizeof(float));
+      wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
+      dy_l2.prefetch((long long)t * NHD * (long long)sizeof(T));
+    };
+    // One buffer: step t - 1's inputs are loaded once the cell of step t is done with step t's,
+    // and arrive while the block waits for the other blocks' dg and runs the product.
+    auto step = [&](const int t, Inputs& cur) {
+      if (t - kL2Ahead >= 0) prefetch(t - kL2Ahead);
+      if (cell) {
+        float nd[kS][2];
+        StepResults o;
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int d = d0 + q;
+#pragma unroll
+          for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
+          if (d < kD && gb < a.B) {
+            C::backward(BackwardIn<T, kUnits>{cur, &bsm[0][d - d_blk], &psm[0][d - d_blk], ds, q}, BackwardOut{nd, o, q});
+          }
+        }
+        T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD;
+        T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
+        const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
+        if (live) {
+          unsigned short* const xs = ex.slot(t);
+#pragma unroll
+          for (int k = 0; k < kGr; ++k) {
+            const T lo_v = rnncc::from_float<T>(o.gr[k][0]), hi_v = rnncc::from_float<T>(o.gr[k][1]);
+            if (hi)  // d0 even: its pair stays adjacent in fragment order
+              rnncc::xchg_put2(xs + xchg_at(gb, rnncc::frag_pos(k * kKP + d0)), lo_v, hi_v);
+            else
+              rnncc::xchg_put(xs + xchg_at(gb, rnncc::frag_pos(k * kKP + d0)), lo_v);
+          }
+          sums.add(o.gb, o.p);
+        }
+        __syncwarp();
+        if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)
+          rnncc::xchg_count(ex.counter);
+        // dWx and dGr after the count, as the forward's outputs: read only after the kernel.
+        if (live) {
+#pragma unroll
+          for (int k = 0; k < kGx; ++k)
+            put2(dWx + k * NHD + d0, hi, rnncc::from_float<T>(o.wx[k][0]), rnncc::from_float<T>(o.wx[k][1]));
+#pragma unroll
+          for (int k = 0; k < kGr; ++k)
+            put2(dGr + k * kD + d0, hi, rnncc::from_float<T>(o.gr[k][0]), rnncc::from_float<T>(o.gr[k][1]));
+        }
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+          for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
+      }
+      load_inputs(t - 1, cur);
+      if (kGr > 0) {
+        rnncc::xchg_wait(ex.counter, (unsigned)(a.T - t) * ex.per_step(0, NT));
+        if constexpr (UW == 1) {
+          if (warp < kWarps) {
+            // A fragments straight from the exchange rows (dg published in fragment order, as h in
+            // the forward): rows 16 m + g (a0, a2) and 16 m + 8 + g (a1, a3), kBwGroup k tiles'
+            // loads in flight at once. In place of a copy of dg into shared memory (H200, 1 x 768,
+            // T = 1024, backward kernel): B = 16 LSTM 6.03 -> 5.01 ms, GRU 5.61 -> 3.83, sLSTM
+            // 6.32 -> 5.26; but B = 64 LSTM 8.81 -> 10.01 (not understood: with 8 rows x 64 bytes
+            // per warp load rather than the blocked layout of xchg_at it was 11.6).
+            const unsigned short* const dgx = ex.slot(t);
+#pragma unroll 1  // as the forward's n tiles: unrolled, ptxas hoists later tiles' loads and spills
+            for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // m tiles m0 + j: batch rows [16 (m0 + j), + 16) of the chunk
+              float acc[kMJ][4];
+              bool lo_live[kMJ], hi_live[kMJ];
+#pragma unroll
+              for (int j = 0; j < kMJ; ++j) {
+                const int m = m0 + j;
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+                lo_live[j] = m < kMT && b0 + 16 * m + g8 < a.B;
+                hi_live[j] = m < kMT && 16 * m + 8 < NT * 8 && b0 + 16 * m + 8 + g8 < a.B;  // else rows 8-15 are zero
+              }
+#pragma unroll
+              for (int i0 = 0; i0 < kKT; i0 += kBwGroup) {
+                constexpr int kN = kBwGroup;
+                uint32_t lo[kMJ][kN][2], hi[kMJ][kN][2];
+#pragma unroll
+                for (int j = 0; j < kMJ; ++j) {
+                  const int r = b0 + 16 * (m0 + j) + g8;
+                  rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(r, 0), kKT * warp + i0, c4, lo_live[j], lo[j]);
+                  rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(r + 8, 0), kKT * warp + i0, c4, hi_live[j], hi[j]);
+                }
+#pragma unroll
+                for (int j = 0; j < kMJ; ++j)
+#pragma unroll
+                  for (int i = 0; i < kN; ++i) {
+                    if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
+                      const uint32_t ga[4] = {lo[j][i][0], hi[j][i][0], lo[j][i][1], hi[j][i][1]};
+                      rnncc::mma16816<T>(acc[j], ga, rf[i0 + i][0], rf[i0 + i][1]);
+                    }
+                  }
+              }
+#pragma unroll
+              for (int j = 0; j < kMJ; ++j)
+                if (m0 + j < kMT) {
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) red[((warp * kMT + m0 + j) * 4 + i) * 32 + lane] = acc[j][i];
+                }
+            }
+          }
+        }
+        if constexpr (UW == 2) {
+          if (warp < kWarps) {
+            // Wide: m = the block's 16 units (Rᵀ's A fragments), n = 8 batch rows (dg's B fragments,
+            // the same registers as the narrow product's A fragments of one row).
+            const unsigned short* const dgx = ex.slot(t);
+#pragma unroll 1  // as the narrow product's m tiles
+            for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // n tiles m0 + j: batch rows [8 (m0 + j), + 8) of the chunk
+              float acc[kMJ][4];
+              bool live[kMJ];
+#pragma unroll
+              for (int j = 0; j < kMJ; ++j) {
+#pragma unroll
+                for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+                live[j] = m0 + j < kMT && b0 + 8 * (m0 + j) + g8 < a.B;
+              }
+#pragma unroll
+              for (int i0 = 0; i0 < kKT; i0 += kBwGroup) {
+                constexpr int kN = kBwGroup;
+                uint32_t fb[kMJ][kN][2];
+#pragma unroll
+                for (int j = 0; j < kMJ; ++j)
+                  rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(b0 + 8 * (m0 + j) + g8, 0), kKT * warp + i0, c4, live[j], fb[j]);
+#pragma unroll
+                for (int j = 0; j < kMJ; ++j)
+#pragma unroll
+                  for (int i = 0; i < kN; ++i) {
+                    if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles)
+                      rnncc::mma16816<T>(acc[j], rf[i0 + i], fb[j][i][0], fb[j][i][1]);
+                  }
+              }
+              // C rows g8 and g8 + 8 (units), columns 2 c4, + 1 (batch rows): red[warp][tile][unit][row].
+#pragma unroll
+              for (int j = 0; j < kMJ; ++j)
+                if (m0 + j < kMT) {
+                  float* const r = red + ((warp * kMT + m0 + j) * 16 + g8) * 8 + 2 * c4;
+                  *reinterpret_cast<float2*>(r) = make_float2(acc[j][0], acc[j][1]);
+                  *reinterpret_cast<float2*>(r + 64) = make_float2(acc[j][2], acc[j][3]);
+                }
+            }
+          }
+        }
+        __syncthreads();
+        if (cell) {
+          // The warps' parts of the lane's two values, summed as the forward's (rnncc::sum_parts):
+          // the 1 x 768 LSTM's backward kernel took 2.86 ms instead of 3.05-3.06 with a running sum
+          // (H100, bf16, B = 16, A/B in one run), the same at B = 64.
+          constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
+#pragma unroll
+          for (int q = 0; q < 2; ++q) {
+            const float* const r = UW == 2 ? red + ((jt * 16 + 8 * ut + 2 * c4 + q) * 8 + g8)
+                                           : red + (((warp / 2) * 4 + (warp % 2) * 2 + q) * 32 + lane);
+            ds[kRec][q] += rnncc::sum_parts<kWarps, kRedChunk>(r, kMT * (UW == 2 ? 16 * 8 : 4 * 32));
+          }
+        }
+      }
+    };
+
+    Inputs in;
+    load_inputs(a.T - 1, in);
+    for (int t = a.T - 1; t >= 0; --t) step(t, in);
+
+    if (cell) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int d = d0 + q;
+        if (d < kD && gb < a.B) {
+#pragma unroll
+          for (int s = 0; s < kS; ++s)
+            static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(ds[s][q]);
+        }
+      }
+      if (d0 < kD && gb < a.B) sums.store(a, n, gb, d0);
+    }
+  }
+};
+
+template <class C, typename T, int NT, int UW>
+__global__ void __launch_bounds__(C::kGridFwThreads[Kernels<C>::grid_kernel_index(NT, UW)], 1)
+    forward_kernel(const rnncc_fused_args a, const int n0, const int c0) {
+  Kernels<C>::template forward<T, NT, UW>(a, n0, c0);
+}
+
+template <class C, typename T, int NT, int UW>
+__global__ void __launch_bounds__(C::kGridBwThreads[Kernels<C>::grid_kernel_index(NT, UW)], 1)
+    backward_kernel(const rnncc_fused_bwd_args a, const int n0, const int c0) {
+  Kernels<C>::template backward<T, NT, UW>(a, n0, c0);
+}
+
+// The grid-tier kernels of one direction and storage type: the plan's table (traits) in its
+// order, launched as the plan says (rnncc.variants.grid_mma picks the kernel and splits the
+// (head, chunk) pairs over launches of at most one block per SM). Each launch is cooperative:
+// all its blocks are resident at once, or the launch fails.
+template <typename Args>
+struct GridKernel {
+  void (*fn)(Args, int, int);
+  int threads;
+  size_t smem;
+};
+constexpr int kSmemDevices = 64;  // devices whose shared memory limits are raised once and kept
+
+template <class C, typename T, bool Fw, int I>
+constexpr auto grid_kernel() {
+  using Args = typename std::conditional<Fw, rnncc_fused_args, rnncc_fused_bwd_args>::type;
+  if constexpr (Fw)
+    return GridKernel<Args>{forward_kernel<C, T, C::kGridNT[I], C::kGridUW[I]>, C::kGridFwThreads[I], C::kGridFwSmem[I]};
+  else
+    return GridKernel<Args>{backward_kernel<C, T, C::kGridNT[I], C::kGridUW[I]>, C::kGridBwThreads[I], C::kGridBwSmem[I]};
+}
+
+template <class C, typename T, bool Fw, typename Args, int... I>
+int launch(const Args& a, const rnncc_launch& l, cudaStream_t stream, std::integer_sequence<int, I...>) {
+  static const GridKernel<Args> ks[C::kGridKernels] = {grid_kernel<C, T, Fw, I>()...};
+  static std::mutex lock;
+  static bool raised[kSmemDevices][C::kGridKernels] = {};
+  if (l.kernel < 0 || l.kernel >= C::kGridKernels) return (int)cudaErrorInvalidValue;
+  const GridKernel<Args>& k = ks[l.kernel];
+  const int chunks = (a.B + 8 * C::kGridNT[l.kernel] - 1) / (8 * C::kGridNT[l.kernel]);
+  const int unit_tiles = Kernels<C>::kUnitTiles;
+  if (l.threads != k.threads || (size_t)l.smem != k.smem ||
+      l.grid_x != (unit_tiles + C::kGridUW[l.kernel] - 1) / C::kGridUW[l.kernel] || l.grid_y < 1 || l.grid_z < 1 ||
+      l.grid_z > chunks)
+    return (int)cudaErrorInvalidValue;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return (int)err;
+  {
+    const std::lock_guard<std::mutex> hold(lock);
+    if (dev >= kSmemDevices || !raised[dev][l.kernel]) {
+      err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem);
+      if (err != cudaSuccess) return (int)err;
+      if (dev < kSmemDevices) raised[dev][l.kernel] = true;
+    }
+  }
+  for (int n0 = 0; n0 < a.NH; n0 += l.grid_y) {
+    for (int c0 = 0; c0 < chunks; c0 += l.grid_z) {
+      const int nh = a.NH - n0 < l.grid_y ? a.NH - n0 : l.grid_y;
+      const int nc = chunks - c0 < l.grid_z ? chunks - c0 : l.grid_z;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3((unsigned)l.grid_x, (unsigned)nh, (unsigned)nc);
+      cfg.blockDim = dim3((unsigned)k.threads);
+      cfg.dynamicSmemBytes = k.smem;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      err = cudaLaunchKernelEx(&cfg, k.fn, a, n0, c0);
+      if (err != cudaSuccess) return (int)err;
+    }
+  }
+  return 0;
+}
+
+// The library's entry points (rnncc_abi.h: rnncc_fused_forward, rnncc_fused_backward): 16-bit
+// storage only, the plan never launches another dtype here; the exchange buffer the host
+// attached must hold kXWords values per (head, batch row).
+template <class C, bool Fw, typename Args>
+int entry(const Args* a, const rnncc_launch* l, cudaStream_t stream) {
+  if (a->D != C::kD) return (int)cudaErrorInvalidValue;
+  if ((long long)a->NH * a->B == 0) return 0;
+  if (C::kGr > 0 && (a->xchg == nullptr || a->xchg_words != C::kXWords)) return (int)cudaErrorInvalidValue;
+  constexpr auto kernels = std::make_integer_sequence<int, C::kGridKernels>{};
+  switch (a->dtype) {
+    case RNNCC_F16: return launch<C, __half, Fw>(*a, *l, stream, kernels);
+    case RNNCC_BF16: return launch<C, __nv_bfloat16, Fw>(*a, *l, stream, kernels);
+    default: return (int)cudaErrorNotSupported;
+  }
+}
+
+template <class C>
+int forward(const rnncc_fused_args* a, const rnncc_launch* l, cudaStream_t stream) {
+  return entry<C, true>(a, l, stream);
+}
+
+template <class C>
+int backward(const rnncc_fused_bwd_args* a, const rnncc_launch* l, cudaStream_t stream) {
+  return entry<C, false>(a, l, stream);
+}
+
+}  // namespace grid_mma
+}  // namespace rnncc
