@@ -222,6 +222,25 @@ class CompiledCell:
         self.last_plan = plan
         return ops(Wx, R, b, states, params, plan.launch)
 
+    def step(
+        self,
+        Wx_t: torch.Tensor,
+        R: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        states: torch.Tensor | None = None,
+        params: torch.Tensor | None = None,
+        backend: str = "auto",
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One time step: ``(y_t, new_states)`` from ``Wx_t`` ``[B, Gx, NH, D]`` and ``states``
+        ``[S, B, NH, D]`` (None: the declared initial states); ``y_t`` is ``[O, B, NH, D]``.
+        Differentiable, and ``T`` steps equal one call over ``T`` steps. It runs the sequence
+        kernels at ``T = 1``: one launch per step on the fused backend."""
+        if not isinstance(Wx_t, torch.Tensor) or Wx_t.dim() != 4:
+            got = f"shape {list(Wx_t.shape)}" if isinstance(Wx_t, torch.Tensor) else "not a tensor"
+            raise ValueError(f"Wx_t has {got}, expected [B, Gx={len(self.gx_names)}, NH, D]")
+        y, last = self(Wx_t.unsqueeze(1), R, b, states, params, backend)
+        return y[:, :, 0], last
+
     def _declared(self, sizes: Sizes, Wx: torch.Tensor, *, states: bool) -> torch.Tensor:
         """The declared initial states (``states=True``) or params of a call at ``sizes``, with
         the dtype and device of ``Wx``. Kept across calls (filling them costs a kernel launch

@@ -239,6 +239,23 @@ class RNN(nn.Module):
                 return _packed_like(h, lengths, packed), last
         return (h if self.batch_first else h.transpose(0, 1)), last
 
+    def step(
+        self, x_t: torch.Tensor, states: States | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One time step of a unidirectional stack: ``x_t`` ``[B, input_size]`` and ``states``
+        as ``forward`` takes them → ``(out_t, new_states)``, ``out_t`` ``[B, O · hidden_size]``
+        and ``new_states`` ``[S, num_layers, B, hidden_size]``. ``T`` steps equal ``forward``
+        over ``T`` steps (dropout aside), gradients included."""
+        if self.bidirectional:
+            raise ValueError("step runs unidirectional layers; this layer is bidirectional")
+        if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.input_size:
+            got = f"shape {_shape(x_t)}" if isinstance(x_t, torch.Tensor) else type(x_t).__name__
+            raise ValueError(f"x_t has {got}, expected [B, input_size={self.input_size}]")
+        x = x_t.unsqueeze(1 if self.batch_first else 0)
+        out, last = self.forward(x, states)
+        assert isinstance(out, torch.Tensor)
+        return (out[:, 0] if self.batch_first else out[0]), last
+
     def _run(
         self,
         k: int,
