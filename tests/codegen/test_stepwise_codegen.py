@@ -104,14 +104,17 @@ def _nvcc() -> str:
     return nvcc
 
 
-def _compile(nvcc: str, src, tmp: Path) -> str:
+def _compile(nvcc: str, src, tmp: Path, arch: str = "sm_90a") -> str:
+    """nvcc's ``-Xptxas -v`` report of ``src`` built for ``arch`` (into ``tmp``)."""
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
+    tmp = tmp / arch
+    tmp.mkdir(exist_ok=True)
     cu = tmp / src.filename
     cu.write_text(src.text)
     cmd = [
         nvcc, "-c", str(cu), "-o", str(cu.with_suffix(".o")), f"-I{templates_dir()}",
-        "-Xcompiler", "-fPIC", *NVCC_FLAGS, *COMMON_NVCC_FLAGS, *arch_flags("sm_90a"), "-Xptxas", "-v",
+        "-Xcompiler", "-fPIC", *NVCC_FLAGS, *COMMON_NVCC_FLAGS, *arch_flags(arch), "-Xptxas", "-v",
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"nvcc failed on {src.filename}:\n{proc.stderr}"
