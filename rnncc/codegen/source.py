@@ -19,6 +19,7 @@ Deterministic: the same cell and plan give byte-identical text.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Mapping, Sequence
@@ -28,7 +29,7 @@ from typing import Any
 from rnncc import __version__
 from rnncc.codegen.escape import c_comment
 from rnncc.codegen.expr import render_body
-from rnncc.codegen.templates import render_template
+from rnncc.codegen.templates import read_template, render_template
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.node import Node, toposort
 
@@ -37,25 +38,21 @@ _LEAF_PREFIX = {"state": "s_", "gate": "g_", "param": "p_", "dstate": "dn_", "do
 #: The helpers with a faster form for 16-bit storage (``rnncc::fast`` in ``rnncc_ops.cuh``).
 FAST_OPS = ("rnncc_log", "rnncc_logsigmoid", "rnncc_sigmoid", "rnncc_softplus", "rnncc_tanh")
 
-#: Every header a skeleton may include, copied beside the source and hashed into its build.
-SKELETON_HEADERS = {
-    "stepwise.cuh": ("rnncc_abi.h", "rnncc_ops.cuh", "stepwise.cuh"),
-    "block_ffma.cuh": ("rnncc_abi.h", "rnncc_ops.cuh", "block_ffma.cuh"),
-    "block_mma.cuh": (
-        "rnncc_abi.h",
-        "rnncc_ops.cuh",
-        "rnncc_mma.cuh",
-        "mma_common.cuh",
-        "block_mma.cuh",
-    ),
-    "grid_mma.cuh": (
-        "rnncc_abi.h",
-        "rnncc_ops.cuh",
-        "rnncc_mma.cuh",
-        "mma_common.cuh",
-        "grid_mma.cuh",
-    ),
-}
+_INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
+
+
+@functools.cache
+def skeleton_headers(name: str) -> tuple[str, ...]:
+    """``name`` and every header it includes with ``#include "..."``, followed through the
+    shipped templates: what a library's build copies beside its source and hashes."""
+    seen: list[str] = []
+    todo = [name]
+    while todo:
+        header = todo.pop()
+        if header not in seen:
+            seen.append(header)
+            todo += _INCLUDE.findall(read_template(header))
+    return tuple(sorted(seen))
 
 
 @dataclass(frozen=True)
@@ -221,7 +218,7 @@ def render_cell(
         forward=(fast_math(forward) if fast else []) + forward,
         backward=(fast_math(backward) if fast else []) + backward,
     )
-    return GeneratedSource(filename, text, SKELETON_HEADERS[skeleton])
+    return GeneratedSource(filename, text, skeleton_headers(skeleton))
 
 
 def render_fused(
