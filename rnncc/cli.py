@@ -30,6 +30,7 @@ if TYPE_CHECKING:  # the front end is imported when a command needs it
     from rnncc.ir.cell import Cell
     from rnncc.runtime.cache import Entry
     from rnncc.tiling import Plan
+    from rnncc.tiling.hardware import HardwareCaps
 
 
 def _read(path: str) -> str:
@@ -143,20 +144,29 @@ def _prebuild_arch(args: argparse.Namespace) -> str:
     from rnncc.runtime.cache import ensure_writable
 
     ensure_writable(get_config().cache_dir)
-    return _build_arch(args.arch) if args.arch else _device_arch()
+    caps = _target_caps(args)
+    if caps is None:
+        return _device_arch()
+    return "sm_90a" if caps.arch == "sm_90" else caps.arch  # Hopper: wgmma needs the 'a'
 
 
-def _build_arch(name: str) -> str:
-    """The build target of an --arch name (``sm_90``, ``h100``, ``a100``): its compute
-    capability, Hopper as sm_90a (wgmma needs the 'a')."""
+def _target_caps(args: argparse.Namespace) -> HardwareCaps | None:
+    """The GPU that --device (a name: "A100 80GB", "L40S") or --arch (sm_90, h100, a100) names;
+    None when neither is given (this machine's GPU). Given both, they must agree on the arch."""
     from rnncc.errors import TilingError
     from rnncc.tiling import caps_for_arch
 
     try:
-        arch = caps_for_arch(name).arch
+        device = caps_for_arch(args.device) if args.device else None
+        arch = caps_for_arch(args.arch) if args.arch else None
     except TilingError as err:
         raise RnnccError(str(err)) from None
-    return "sm_90a" if arch == "sm_90" else arch
+    if device is not None and arch is not None and device.arch != arch.arch:
+        raise RnnccError(
+            f"--device {args.device!r} is an {device.arch} GPU ({device.name}), "
+            f"but --arch {args.arch!r} is {arch.arch}"
+        )
+    return device or arch
 
 
 def _device_arch() -> str:
@@ -232,14 +242,14 @@ def _size(text: str) -> int:
 def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
     """The plan for the sizes of ``rnncc plan`` / ``rnncc compile --hidden``: what the runtime
     launches for them on ``--arch`` (default: this GPU)."""
-    from rnncc.tiling import Problem, caps_for_arch, caps_for_device, solve
+    from rnncc.tiling import Problem, caps_for_device, solve
 
     hidden, heads = args.hidden, args.heads
     if heads < 1 or hidden < 1 or hidden % heads:
         raise RnnccError(f"--hidden {hidden} is not a positive multiple of --heads {heads}")
     if args.batch < 1:
         raise RnnccError(f"--batch must be positive, got {args.batch}")
-    caps = caps_for_arch(args.arch) if args.arch else caps_for_device()
+    caps = _target_caps(args) or caps_for_device()
     problem = Problem.from_cell(
         cell, heads=heads, head_dim=hidden // heads, batch=args.batch, dtype=args.dtype
     )
@@ -299,6 +309,12 @@ def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
         "--arch",
         metavar="ARCH",
         help="target GPU: sm_90, h100, h100-pcie, h200, a100, l40s, ... (default: this GPU)",
+    )
+    p.add_argument(
+        "--device",
+        metavar="NAME",
+        help='target GPU by name, as torch reports it: "A100 80GB", "L40S", "RTX 4090", '
+        '"H100 PCIe" (its SMs, shared memory, registers; with --arch, the two must agree)',
     )
 
 

@@ -318,6 +318,34 @@ def test_plan_usage_errors(capsys) -> None:
     assert rc == 1 and err.startswith("rnncc: error: ") and "z80" in err
 
 
+@pytest.mark.parametrize(
+    ("device", "arch", "header"),
+    [
+        ("A100 80GB", "sm_80", "on NVIDIA A100 (sm_80, 108 SMs)"),
+        ("L40S", "sm_89", "on NVIDIA L40S (sm_89, 142 SMs)"),
+        ("NVIDIA GeForce RTX 4090", "sm_89", "on NVIDIA GeForce RTX 4090 (sm_89, 128 SMs)"),
+        ("H100 PCIe", "sm_90", "on NVIDIA H100 PCIe (sm_90, 114 SMs)"),
+    ],
+)
+def test_plan_for_a_named_device_reads_its_caps(capsys, device, arch, header) -> None:
+    lstm = REPO / "examples" / "lstm.rnn"
+    for extra in ([], ["--arch", arch]):
+        rc, out, err = run(capsys, "plan", lstm, "--hidden", "768", "--device", device, *extra)
+        assert (rc, err) == (0, "")
+        assert out.splitlines()[0].endswith(header), out.splitlines()[0]
+
+
+def test_plan_device_and_arch_must_agree(capsys) -> None:
+    lstm = REPO / "examples" / "lstm.rnn"
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "64", "--device", "L40S", "--arch", "a100")
+    assert (rc, out) == (1, "")
+    assert err == (
+        "rnncc: error: --device 'L40S' is an sm_89 GPU (NVIDIA L40S), but --arch 'a100' is sm_80\n"
+    )
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "64", "--device", "Voodoo 5")
+    assert rc == 1 and err.startswith("rnncc: error: unknown GPU or arch 'Voodoo 5'")
+
+
 def test_compile_prebuild_without_gpu_needs_arch(capsys, tmp_path: Path, monkeypatch) -> None:
     import torch
 
