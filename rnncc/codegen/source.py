@@ -35,8 +35,19 @@ from rnncc.ir.node import Node, toposort
 
 _LEAF_PREFIX = {"state": "s_", "gate": "g_", "param": "p_", "dstate": "dn_", "dout": "do_"}
 
-#: The helpers with a faster form for 16-bit storage (``rnncc::fast`` in ``rnncc_ops.cuh``).
-FAST_OPS = ("rnncc_log", "rnncc_logsigmoid", "rnncc_sigmoid", "rnncc_softplus", "rnncc_tanh")
+_FAST_NAMESPACE = re.compile(r"namespace fast \{(.*?)\}  // namespace fast", re.S)
+_HELPER = re.compile(r"__device__ __forceinline__ float (rnncc_\w+)\(")
+
+
+@functools.cache
+def fast_ops() -> tuple[str, ...]:
+    """The helpers with a faster form for 16-bit storage: those ``rnncc_ops.cuh`` defines in
+    ``rnncc::fast``."""
+    match = _FAST_NAMESPACE.search(read_template("rnncc_ops.cuh"))
+    if match is None:
+        raise RuntimeError("templates/rnncc_ops.cuh defines no namespace fast")
+    return tuple(sorted(set(_HELPER.findall(match.group(1)))))
+
 
 _INCLUDE = re.compile(r'^#include "([^"]+)"', re.M)
 
@@ -149,7 +160,7 @@ def backward_lines(bwd: BackwardCell) -> list[str]:
 def fast_math(lines: Sequence[str]) -> list[str]:
     """Using-declarations that give ``lines`` the fast forms of the helpers they call."""
     text = "\n".join(lines)
-    return [f"using rnncc::fast::{op};" for op in FAST_OPS if re.search(rf"\b{op}\(", text)]
+    return [f"using rnncc::fast::{op};" for op in fast_ops() if re.search(rf"\b{op}\(", text)]
 
 
 def header_comment(cell: Cell, plan: str) -> str:
