@@ -4,10 +4,12 @@
 // per thread), a block barrier, the cell (C::forward) on kElemsPerThread elements per thread,
 // a block barrier. The backward runs C::backward per step from the last, then dh += Rᵀ·dg.
 // Templated on the generated cell struct C: the cell's shape, kD, kBC, and the plan's
-// kThreads and kGroups.
+// kThreads, kGroups and kTimeline (per-row lengths and the reverse direction, rnncc_abi.h: a
+// row's W x, y and their cotangents at its positions, held steps past its length).
 #pragma once
 #include "rnncc_abi.h"
 #include "rnncc_ops.cuh"
+#include "timeline.cuh"
 
 namespace rnncc {
 namespace block_ffma {
@@ -16,6 +18,7 @@ template <class C>
 struct Kernels {
   static constexpr int kS = C::kS, kO = C::kO, kGx = C::kGx, kGr = C::kGr, kGb = C::kGb, kP = C::kP, kRec = C::kRec;
   static constexpr int kD = C::kD, kBC = C::kBC, kThreads = C::kThreads, kGroups = C::kGroups;
+  static constexpr bool kTimeline = C::kTimeline;
   static constexpr int kRows = kGr * kD;
   static_assert(kO >= 1 && kO <= kS && kRec >= 0 && kRec < kS, "the outputs and the recurrent state are some of the states");
   static_assert(kGx >= 0 && kGb >= 0 && kP >= 0, "gate and param counts are non-negative");
@@ -44,17 +47,18 @@ struct Kernels {
     __device__ __forceinline__ float param(int k) const { return pv[k][q]; }
   };
 
-  // Where the backward's element (step t, head n, batch row gb, unit d; q of its thread) sits
-  // in global memory: its row of the saved R·h (row), of dGr (grow), of W x and dWx (x), of dy (y).
+  // Where the backward's element (step t at position p, head n, batch row gb, unit d; q of its
+  // thread) sits in global memory: its row of the saved R·h (row), of dGr (grow), of W x and dWx
+  // (x), of dy (y).
   struct BackwardAt {
     const rnncc_fused_bwd_args& a;
     int t, n, gb, d, q;
     long long NHD, row, grow, x, y;
-    __device__ BackwardAt(const rnncc_fused_bwd_args& a, int t, int n, int gb, int d, int q)
+    __device__ BackwardAt(const rnncc_fused_bwd_args& a, int t, int p, int n, int gb, int d, int q)
         : a(a), t(t), n(n), gb(gb), d(d), q(q), NHD((long long)a.NH * kD),
           row(((long long)t * a.NH + n) * a.B + gb), grow(((long long)n * a.T + t) * a.B + gb),
-          x((((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d),
-          y(((long long)gb * a.T + t) * NHD + (long long)n * kD + d) {}
+          x((((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD + d),
+          y(((long long)gb * a.T + p) * NHD + (long long)n * kD + d) {}
   };
 
   // What the backward cell reads: old states from the saved history, gates from W x + the
@@ -121,11 +125,13 @@ struct Kernels {
     float st[kS][kElemsPerThread];
     float pv[kP > 0 ? kP : 1][kElemsPerThread];
     float bv[kGb > 0 ? kGb : 1][kElemsPerThread];
+    int len[kTimeline ? kElemsPerThread : 1];  // the elements' row lengths (kTimeline)
 #pragma unroll
     for (int q = 0; q < kElemsPerThread; ++q) {
       const int j = tid + q * kThreads;
       const int b = j / kD, d = j % kD, gb = b0 + b;
       const bool live = j < kElems && gb < a.B;
+      if constexpr (kTimeline) len[q] = rnncc::row_length(a.lengths, a.T, gb, live);
 #pragma unroll
       for (int s = 0; s < kS; ++s) {
         st[s][q] = live ? rnncc::to_float(states[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
@@ -147,7 +153,8 @@ struct Kernels {
       for (int q = 0; q < kElemsPerThread; ++q) {
         const int j = tid + q * kThreads;
         const int b = j / kD, d = j % kD, gb = b0 + b;
-        const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d;
+        const int p = kTimeline ? rnncc::position(len[q], a.reverse, t) : t;
+        const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD + d;
 #pragma unroll
         for (int k = 0; k < kGx; ++k) wxv[k][q] = (j < kElems && gb < a.B) ? rnncc::to_float(Wx[k * NHD]) : 0.0f;
       }
@@ -184,12 +191,17 @@ struct Kernels {
         if (j < kElems && gb < a.B) {
           float next[kS];
           C::forward(ForwardIn{st, wxv, rhs, bv, pv, q, b, d}, next);
+          const bool on = !kTimeline || t < len[q];  // else a held step: states kept, outputs 0
+          const int p = kTimeline ? rnncc::position(len[q], a.reverse, t) : t;
 #pragma unroll
-          for (int s = 0; s < kS; ++s) st[s][q] = next[s];
+          for (int s = 0; s < kS; ++s) {
+            if (!on) next[s] = st[s][q];
+            st[s][q] = next[s];
+          }
 #pragma unroll
           for (int o = 0; o < kO; ++o)
-            static_cast<T*>(a.y)[(((long long)o * a.B + gb) * a.T + t) * NHD + (long long)n * kD + d] =
-                rnncc::from_float<T>(next[C::output_state(o)]);
+            static_cast<T*>(a.y)[(((long long)o * a.B + gb) * a.T + p) * NHD + (long long)n * kD + d] =
+                rnncc::from_float<T>(on ? next[C::output_state(o)] : 0.0f);
           if (a.hist) {
 #pragma unroll
             for (int s = 0; s < kS; ++s) a.hist[((((long long)(t + 1) * kS + s) * a.NH + n) * a.B + gb) * kD + d] = next[s];
@@ -250,11 +262,13 @@ struct Kernels {
     float bv[kGb > 0 ? kGb : 1][kElemsPerThread];
     float gbacc[kGb > 0 ? kGb : 1][kElemsPerThread];  // the bias and param cotangents, summed over time
     float pacc[kP > 0 ? kP : 1][kElemsPerThread];
+    int len[kTimeline ? kElemsPerThread : 1];  // the elements' row lengths (kTimeline)
 #pragma unroll
     for (int q = 0; q < kElemsPerThread; ++q) {
       const int j = tid + q * kThreads;
       const int b = j / kD, d = j % kD, gb = b0 + b;
       const bool live = j < kElems && gb < a.B;
+      if constexpr (kTimeline) len[q] = rnncc::row_length(a.lengths, a.T, gb, live);
 #pragma unroll
       for (int s = 0; s < kS; ++s)
         ds[s][q] = live ? rnncc::to_float(static_cast<const T*>(a.dlast)[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
@@ -277,8 +291,20 @@ struct Kernels {
         const int b = j / kD, d = j % kD, gb = b0 + b;
 #pragma unroll
         for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
-        if (j < kElems && gb < a.B) {
-          const BackwardAt at(a, t, n, gb, d, q);
+        if (kTimeline && j < kElems && gb < a.B && t >= len[q]) {
+          // A held step: the states' cotangents pass through; dWx (at position t) and dg are 0.
+          const BackwardAt at(a, t, t, n, gb, d, q);
+#pragma unroll
+          for (int s = 0; s < kS; ++s) nd[s][q] = ds[s][q];
+#pragma unroll
+          for (int k = 0; k < kGx; ++k) static_cast<T*>(a.dWx)[at.x + k * at.NHD] = rnncc::from_float<T>(0.0f);
+#pragma unroll
+          for (int r = 0; r < kGr; ++r) {
+            dgs[r * kD + d][b] = 0.0f;
+            static_cast<T*>(a.dGr)[at.grow * kRows + r * kD + d] = rnncc::from_float<T>(0.0f);
+          }
+        } else if (j < kElems && gb < a.B) {
+          const BackwardAt at(a, t, kTimeline ? rnncc::position(len[q], a.reverse, t) : t, n, gb, d, q);
           C::backward(BackwardIn<T>{at, bv, pv, ds}, BackwardOut<T>{at, nd, dgs, gbacc, pacc, b});
         } else if (j < kElems) {
 #pragma unroll

@@ -17,11 +17,14 @@
 // The cell's hooks take the fast forms of tanh, sigmoid, log, log σ and softplus
 // (rnncc_ops.cuh), well inside 16-bit resolution.
 // Templated on the generated cell struct C: the cell's shape, kD, kBC (8), and the plan's
-// kWarps, kMmaThreads, kWxAhead, kWxRow and the backward's ring (kInAhead, kIn*, kBwSmem).
+// kWarps, kMmaThreads, kWxAhead, kWxRow, the backward's ring (kInAhead, kIn*, kBwSmem) and
+// kTimeline (per-row lengths and the reverse direction, rnncc_abi.h: a row's W x, y and their
+// cotangents copied at its positions, held steps past its length).
 #pragma once
 #include <atomic>
 
 #include "mma_common.cuh"
+#include "timeline.cuh"
 
 namespace rnncc {
 namespace block_mma {
@@ -31,7 +34,7 @@ struct Kernels : MmaCommon<C> {
   using Base = MmaCommon<C>;
   using Base::kS, Base::kO, Base::kGx, Base::kGr, Base::kGb, Base::kP, Base::kRec, Base::kD, Base::kBC, Base::kRows;
   using Base::kKP, Base::kKTiles, Base::kPairs, Base::kGRows, Base::kGTiles, Base::kPaired;
-  using Base::r_at, Base::get2, Base::put2, Base::bits_float, Base::get2_raw, Base::raw_float;
+  using Base::r_at, Base::get2, Base::put2, Base::bits_float, Base::get2_raw, Base::raw_float, Base::hold;
   using typename Base::SumOverTime, typename Base::StepResults, typename Base::BackwardOut;
   template <typename T>
   using StepInputs = typename Base::template StepInputs<T>;
@@ -43,6 +46,7 @@ struct Kernels : MmaCommon<C> {
   static constexpr int kInAhead = C::kInAhead, kInS = C::kInS, kInR = C::kInR, kInX = C::kInX, kInY = C::kInY;
   static constexpr int kInOffR = C::kInOffR, kInOffX = C::kInOffX, kInOffY = C::kInOffY, kInSlot = C::kInSlot;
   static constexpr size_t kBwSmem = C::kBwSmem;
+  static constexpr bool kTimeline = C::kTimeline;
 
   static_assert(kWarps * 8 >= kD && kMmaThreads == 32 * kWarps, "a warp per 8 units (traits)");
   static constexpr int kHStride = kKP + 8;  // one batch row of h in shared memory (+8: no bank conflicts)
@@ -94,11 +98,13 @@ struct Kernels : MmaCommon<C> {
     const unsigned char* wsrc[kWxMine > 0 ? kWxMine : 1];
     unsigned wdst[kWxMine > 0 ? kWxMine : 1];
     bool wok[kWxMine > 0 ? kWxMine : 1], wmine[kWxMine > 0 ? kWxMine : 1];
+    int wlen[kTimeline && kWxMine > 0 ? kWxMine : 1];  // the copies' row lengths (kTimeline)
 #pragma unroll
     for (int i = 0; i < kWxMine; ++i) {
       const int c = threadIdx.x + i * kMmaThreads, r = c / (kGx * kWxPieces), k = c / kWxPieces % kGx, j = c % kWxPieces;
       wmine[i] = c < kBC * kGx * kWxPieces;
       wok[i] = wmine[i] && b0 + r < a.B;
+      if constexpr (kTimeline) wlen[i] = rnncc::row_length(a.lengths, a.T, b0 + r, wok[i]);
       const long long row = wok[i] ? b0 + r : 0;
       wsrc[i] = static_cast<const unsigned char*>(a.Wx) + ((row * a.T * kGx + k) * NHD + (long long)n * kD) * 2 + j * kWxChunk;
       wdst[i] = (unsigned)__cvta_generic_to_shared(wsm) + r * kWxRow + k * kD * 2 + j * kWxChunk;
@@ -106,11 +112,11 @@ struct Kernels : MmaCommon<C> {
     // Step t's copies, as one group (empty past the sequence, so that every step closes one).
     auto copy_wx = [&](const int t) {
       if (kGx > 0 && t < a.T) {
-        const long long off = (long long)t * kGx * NHD * 2;
         const unsigned slot = (unsigned)t % kWxSlots * (kBC * kWxRow);
 #pragma unroll
         for (int i = 0; i < kWxMine; ++i) {
           if (!wmine[i]) continue;
+          const long long off = (long long)(kTimeline ? rnncc::position(wlen[i], a.reverse, t) : t) * kGx * NHD * 2;
           if constexpr (kWxChunk >= 4) {
             rnncc::cp_async<kWxChunk>(wdst[i] + slot, wsrc[i] + off, wok[i]);
           } else {  // an odd head dim: 2-byte pieces, which cp.async cannot copy, loaded and stored
@@ -150,6 +156,7 @@ struct Kernels : MmaCommon<C> {
     float st[kS][2];
     float pv[kP > 0 ? kP : 1][2];
     float bv[kGb > 0 ? kGb : 1][2];
+    int len[kTimeline ? 2 : 1];  // the lane's rows' lengths (kTimeline)
     // A lane's addresses, as pointers moved one step on per step rather than whole 64-bit
     // indices per access (the forward is short of instructions to hide latency with: 3% per
     // step at 12 x 64 on an H200): y and R·h of the step, the saved states after it. A masked element points at element 0 of head n, which
@@ -163,6 +170,7 @@ struct Kernels : MmaCommon<C> {
       const int b = 2 * c4 + q, gb = b0 + b;
       const bool live = unit && gb < a.B;
       const int g = live ? gb : 0, u = live ? d : 0;
+      if constexpr (kTimeline) len[q] = rnncc::row_length(a.lengths, a.T, gb, live);
       yp[q] = static_cast<T*>(a.y) + (long long)g * a.T * NHD + (long long)n * kD + u;
       hp[q] = a.hist ? a.hist + kS * NBD + ((long long)n * a.B + g) * kD + u : nullptr;  // after step 0
       rp[q] = a.rh ? a.rh + ((long long)n * a.B + g) * kRows + u : nullptr;
@@ -223,10 +231,22 @@ struct Kernels : MmaCommon<C> {
           }
           float next[kS];
           C::forward(ForwardIn<T>{st, wxv, acc, bv, pv, q}, next);
+          if constexpr (kTimeline) {
+            const bool on = t < len[q];  // else a held step: states kept, outputs 0 (at position t)
+            T* const y = yp[q] + (long long)(rnncc::position(len[q], a.reverse, t) - t) * NHD;
 #pragma unroll
-          for (int s = 0; s < kS; ++s) st[s][q] = next[s];
+            for (int s = 0; s < kS; ++s) {
+              if (!on) next[s] = st[s][q];
+              st[s][q] = next[s];
+            }
 #pragma unroll
-          for (int o = 0; o < kO; ++o) yp[q][o * yO] = rnncc::from_float<T>(next[C::output_state(o)]);
+            for (int o = 0; o < kO; ++o) y[o * yO] = rnncc::from_float<T>(on ? next[C::output_state(o)] : 0.0f);
+          } else {
+#pragma unroll
+            for (int s = 0; s < kS; ++s) st[s][q] = next[s];
+#pragma unroll
+            for (int o = 0; o < kO; ++o) yp[q][o * yO] = rnncc::from_float<T>(next[C::output_state(o)]);
+          }
           if (a.hist) {
 #pragma unroll
             for (int s = 0; s < kS; ++s) hp[q][s * NBD] = next[s];
@@ -260,7 +280,8 @@ struct Kernels : MmaCommon<C> {
   // The copies of one backward input (kParts parts x kBC rows of kLen bytes, kRow bytes apart in a
   // slot from kOff on) that this thread issues, piece j of row r of a part each, with their
   // addresses worked out once: a step adds its offset.
-  template <int kParts, int kLen, int kRow, int kOff>
+  // kTimed: the input is at a row's positions (W x, dy; kTimeline), not at the step.
+  template <int kParts, int kLen, int kRow, int kOff, bool kTimed = false>
   struct InCopies {
     static constexpr int kPieces = kLen / kWxChunk;
     static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
@@ -268,6 +289,18 @@ struct Kernels : MmaCommon<C> {
     unsigned dst[kMine > 0 ? kMine : 1];
     bool ok[kMine > 0 ? kMine : 1], mine[kMine > 0 ? kMine : 1];
     long long step;  // bytes between steps
+    int len[kTimed && kMine > 0 ? kMine : 1];  // the copies' row lengths (kTimed)
+    int rev;
+
+    // The rows' lengths, row r of the copies at batch row b0 + r (kTimed).
+    __device__ __forceinline__ void timeline(const rnncc_fused_bwd_args& a, const int b0) {
+      rev = a.reverse;
+#pragma unroll
+      for (int i = 0; i < kMine; ++i) {
+        const int r = (threadIdx.x + i * kMmaThreads) / kPieces % kBC;
+        len[i] = rnncc::row_length(a.lengths, a.T, b0 + r, ok[i]);
+      }
+    }
 
     // p: row 0 of part 0 at step 0; rows past `rows` are zero-filled.
     template <typename E>
@@ -288,10 +321,11 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
       for (int i = 0; i < kMine; ++i) {
         if (!mine[i]) continue;
+        const long long at = (long long)(kTimed ? rnncc::position(len[i], rev, t) : t) * step;
         if constexpr (kWxChunk >= 4) {
-          rnncc::cp_async<kWxChunk>(dst[i] + slot, src[i] + t * step, ok[i]);
+          rnncc::cp_async<kWxChunk>(dst[i] + slot, src[i] + at, ok[i]);
         } else {  // an odd head dim: 2-byte pieces, loaded and stored
-          const unsigned short v = ok[i] ? *reinterpret_cast<const unsigned short*>(src[i] + t * step) : 0;
+          const unsigned short v = ok[i] ? *reinterpret_cast<const unsigned short*>(src[i] + at) : 0;
           asm volatile("st.shared.u16 [%0], %1;" ::"r"(dst[i] + slot), "h"(v) : "memory");
         }
       }
@@ -326,7 +360,8 @@ struct Kernels : MmaCommon<C> {
   // stores). The copies of one output: kParts parts x kBC rows of kLen bytes, from kSrcRow bytes
   // apart in a buffer (a part kSrcPart bytes on), to rows of global memory, with their addresses
   // worked out once; a step adds its offset.
-  template <int kParts, int kLen, int kSrcRow, int kSrcPart>
+  // kTimed: the output is at a row's positions (dWx; kTimeline), not at the step.
+  template <int kParts, int kLen, int kSrcRow, int kSrcPart, bool kTimed = false>
   struct OutCopies {
     static constexpr int kPieces = kLen / kWxChunk;
     static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
@@ -335,6 +370,18 @@ struct Kernels : MmaCommon<C> {
     unsigned src[kMine > 0 ? kMine : 1];  // offset in the buffer
     bool ok[kMine > 0 ? kMine : 1];
     long long step;  // bytes between steps
+    int len[kTimed && kMine > 0 ? kMine : 1];  // the copies' row lengths (kTimed)
+    int rev;
+
+    // The rows' lengths, row r of the copies at batch row b0 + r (kTimed).
+    __device__ __forceinline__ void timeline(const rnncc_fused_bwd_args& a, const int b0) {
+      rev = a.reverse;
+#pragma unroll
+      for (int i = 0; i < kMine; ++i) {
+        const int r = (threadIdx.x + i * kMmaThreads) / kPieces % kBC;
+        len[i] = rnncc::row_length(a.lengths, a.T, b0 + r, ok[i]);
+      }
+    }
 
     // p: row 0 of part 0 at step 0; rows past `rows` are not stored.
     template <typename E>
@@ -353,7 +400,9 @@ struct Kernels : MmaCommon<C> {
     __device__ __forceinline__ void copy(const int t, const unsigned char* buf) const {
 #pragma unroll
       for (int i = 0; i < kMine; ++i)
-        if (ok[i]) *reinterpret_cast<Piece*>(dst[i] + t * step) = *reinterpret_cast<const Piece*>(buf + src[i]);
+        if (ok[i])
+          *reinterpret_cast<Piece*>(dst[i] + (long long)(kTimed ? rnncc::position(len[i], rev, t) : t) * step) =
+              *reinterpret_cast<const Piece*>(buf + src[i]);
     }
   };
 
@@ -400,6 +449,7 @@ struct Kernels : MmaCommon<C> {
     }
     float ds[kS][2];
     SumOverTime sums;
+    const int len = kTimeline ? rnncc::row_length(a.lengths, a.T, gb, gb < a.B) : 0;  // the lane's row's
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = 8 * warp + 2 * c4 + q;
@@ -416,9 +466,9 @@ struct Kernels : MmaCommon<C> {
     const long long NHDb = (long long)a.NH * kD;
     InCopies<kS, kD * 4, kInS, 0> cs;
     InCopies<kGr, kD * 4, kInR, kInOffR> cr;
-    InCopies<kGx, kD * 2, kInX, kInOffX> cx;
-    InCopies<kO, kD * 2, kInY, kInOffY> cy;
-    OutCopies<kGx, kD * 2, kWxRow, kD * 2> ox;
+    InCopies<kGx, kD * 2, kInX, kInOffX, kTimeline> cx;
+    InCopies<kO, kD * 2, kInY, kInOffY, kTimeline> cy;
+    OutCopies<kGx, kD * 2, kWxRow, kD * 2, kTimeline> ox;
     OutCopies<kGr, kD * 2, kGStride * 2, kKP * 2> og;
     {
       const int b0 = blockIdx.y * kBC;
@@ -430,6 +480,11 @@ struct Kernels : MmaCommon<C> {
       cy.init(static_cast<const T*>(a.dy) + b0 * TT * NHDb + n * kD, B - b0, B * TT * NHDb * 2, TT * NHDb * 2, NHDb * 2, base);
       ox.init(static_cast<T*>(a.dWx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2);
       og.init(static_cast<T*>(a.dGr) + (n * TT * B + b0) * kRows, B - b0, kD * 2, kRows * 2, B * kRows * 2);
+      if constexpr (kTimeline) {
+        cx.timeline(a, b0);
+        cy.timeline(a, b0);
+        ox.timeline(a, b0);
+      }
     }
     auto copy_inputs = [&](const int t) {
       if (t >= 0) {
@@ -478,6 +533,7 @@ struct Kernels : MmaCommon<C> {
         for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
         C::backward(BackwardIn<T, kKP>{cur, &bsm[0][d], &psm[0][d], ds, q}, BackwardOut{nd, o, q});
       }
+      if (kTimeline && t >= len) hold(ds, nd, o);
       // Stores, in the storage type, into shared memory: dWx, and the gate cotangents (the next
       // product's operand, and what the host's dR GEMM reads); bias and param cotangents summed.
       const int d0 = 8 * warp + 2 * c4;

@@ -26,13 +26,17 @@
 //
 // Templated on the generated cell struct C: the cell's shape, kD, kBC (8), and the plan's
 // kernel table (kGridKernels kernels: kGridNT, kGridUW, their threads and shared memory), the
-// product splits (kFwWarps, kFwKT, kBwWarps, kBwKT) and the exchange's kXWords.
+// product splits (kFwWarps, kFwKT, kBwWarps, kBwKT), the exchange's kXWords and kTimeline
+// (per-row lengths and the reverse direction, rnncc_abi.h: a row's W x, y and their
+// cotangents at its positions, held steps past its length; the L2 prefetch of W x and dy
+// then runs only forwards).
 #pragma once
 #include <mutex>
 #include <type_traits>
 #include <utility>
 
 #include "mma_common.cuh"
+#include "timeline.cuh"
 
 namespace rnncc {
 namespace grid_mma {
@@ -43,6 +47,7 @@ struct Kernels : MmaCommon<C> {
   using Base::kS, Base::kO, Base::kGx, Base::kGr, Base::kGb, Base::kP, Base::kRec, Base::kD, Base::kBC, Base::kRows;
   using Base::kKP, Base::kKTiles, Base::kPairs, Base::kGRows, Base::kGTiles, Base::kPaired;
   using Base::r_at, Base::get2, Base::put2, Base::bits_float, Base::get2_raw, Base::raw_float, Base::load_step_inputs;
+  using Base::hold;
   using typename Base::SumOverTime, typename Base::StepResults, typename Base::BackwardOut;
   template <typename T>
   using StepInputs = typename Base::template StepInputs<T>;
@@ -51,6 +56,7 @@ struct Kernels : MmaCommon<C> {
   template <typename T, int kLen>
   using BackwardIn = typename Base::template BackwardIn<T, kLen>;
   static constexpr int kXWords = C::kXWords, kGridKernels = C::kGridKernels;
+  static constexpr bool kTimeline = C::kTimeline;
 
   static constexpr int kL2Ahead = 8;
 
@@ -174,6 +180,13 @@ struct Kernels : MmaCommon<C> {
     float st[kS][2];  // [q]: slot 1 unused where kQ = 1, as in bv, pv and W x
     float pv[kP > 0 ? kP : 1][2];
     float bv[kGb > 0 ? kGb : 1][2];
+    // The lengths of the block's rows (kTimeline), in shared memory rather than registers: the
+    // wide kernels have no registers to spare (kept in registers or read from global memory
+    // where used, they spilled 4 to 52 bytes).
+    __shared__ int lsm[kTimeline ? 8 * NT : 1];
+    if (kTimeline && threadIdx.x < 8 * NT) lsm[threadIdx.x] = rnncc::row_length(a.lengths, a.T, b0 + threadIdx.x, b0 + (int)threadIdx.x < a.B);
+    __syncthreads();
+    auto len = [&](const int q) { return lsm[r0 + q]; };
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {
       const int gb = b0 + r0 + q;
@@ -201,11 +214,12 @@ struct Kernels : MmaCommon<C> {
     typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];  // raw 16-bit elements (bits_float)
     auto load_wx = [&](const int t, WxRegs& w) {
       if (!cell) return;
-      const long long step_off = (long long)(t < a.T ? t : a.T - 1) * kGx * NHD;
+      const int tc = t < a.T ? t : a.T - 1;
 #pragma unroll
       for (int q = 0; q < kQ; ++q) {
         const int gb = b0 + r0 + q;
         const bool live = unit && gb < a.B;
+        const long long step_off = (long long)(kTimeline ? rnncc::position(len(q), a.reverse, tc) : tc) * kGx * NHD;
         const long long at = (long long)gb * a.T * kGx * NHD + (long long)n * kD + d + step_off;
         const unsigned short* Wx = static_cast<const unsigned short*>(a.Wx) + (live ? at : 0);
 #pragma unroll
@@ -217,7 +231,7 @@ struct Kernels : MmaCommon<C> {
     wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
                (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
     auto step = [&](const int t, WxRegs& wxv) {
-      if (t + kL2Ahead < a.T) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
+      if (t + kL2Ahead < a.T && !(kTimeline && a.reverse)) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
       for (int hf = 0; hf < kSplit; ++hf) {
         if (b0 + 8 * kNTh * hf >= a.B) break;  // a part wholly past the batch (uniform in the block)
         if (kGr > 0) {
@@ -286,18 +300,21 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int q = 0; q < kQ; ++q) {
             const int gb = b0 + r0 + q;
-            yp[q] = Y + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
+            const int p = kTimeline ? rnncc::position(len(q), a.reverse, t) : t;
+            yp[q] = Y + ((long long)gb * a.T + p) * NHD + (long long)n * kD + d;
           }
 #pragma unroll
           for (int q = 0; q < kQ; ++q) {
             const int gb = b0 + r0 + q;
             if (unit && gb < a.B) {
-              float next[kS];
-              C::forward(ForwardIn<T>{st, wxv, acc, bv, pv, q}, next);
-              // the new states into registers, h published
+              if (!kTimeline || t < len(q)) {  // else a held step: the states stay (outputs 0, below)
+                float next[kS];
+                C::forward(ForwardIn<T>{st, wxv, acc, bv, pv, q}, next);
+                // the new states into registers
 #pragma unroll
-              for (int s = 0; s < kS; ++s) st[s][q] = next[s];
-              if (kGr > 0) rnncc::xchg_put(ex.slot(t + 1) + xchg_at(gb, rnncc::frag_pos(d)), rnncc::from_float<T>(next[kRec]));
+                for (int s = 0; s < kS; ++s) st[s][q] = next[s];
+              }
+              if (kGr > 0) rnncc::xchg_put(ex.slot(t + 1) + xchg_at(gb, rnncc::frag_pos(d)), rnncc::from_float<T>(st[kRec][q]));
             }
           }
           __syncwarp();
@@ -313,8 +330,9 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
                 for (int k = 0; k < kGr; ++k) a.rh[(((long long)t * a.NH + n) * a.B + gb) * kRows + k * kD + d] = acc[k / 2][k % 2 * 2 + q];
               }
+              const bool on = !kTimeline || t < len(q);
 #pragma unroll
-              for (int o = 0; o < kO; ++o) yp[q][o * yO] = rnncc::from_float<T>(st[C::output_state(o)][q]);
+              for (int o = 0; o < kO; ++o) yp[q][o * yO] = rnncc::from_float<T>(on ? st[C::output_state(o)][q] : 0.0f);
               if (a.hist) {
                 float* const h = a.hist + (t + 1) * kS * NBD + ((long long)n * a.B + gb) * kD + d;
 #pragma unroll
@@ -407,6 +425,7 @@ struct Kernels : MmaCommon<C> {
     }
     float ds[kS][2];
     SumOverTime sums;
+    const int len = kTimeline ? rnncc::row_length(a.lengths, a.T, gb, cell && gb < a.B) : 0;  // the lane's row's
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = d0 + q;
@@ -420,7 +439,7 @@ struct Kernels : MmaCommon<C> {
     typedef StepInputs<T> Inputs;
     const long long yO = (long long)a.B * a.T * NHD;
     auto load_inputs = [&](const int t, Inputs& in) {
-      if (t >= 0 && cell) load_step_inputs(a, t, n, gb, d0, in);
+      if (t >= 0 && cell) load_step_inputs(a, t, kTimeline ? rnncc::position(len, a.reverse, t) : t, n, gb, d0, in);
     };
     const int units = kD - d_blk < kUnits ? kD - d_blk : kUnits;
     // Step t's inputs of this block's units into L2: the addresses of step 0, moved per step.
@@ -440,8 +459,10 @@ struct Kernels : MmaCommon<C> {
     auto prefetch = [&](const int t) {
       hist_l2.prefetch((long long)t * kS * NB * kD * (long long)sizeof(float));
       if (kGr > 0) rh_l2.prefetch((long long)t * NB * kRows * (long long)sizeof(float));
-      wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
-      dy_l2.prefetch((long long)t * NHD * (long long)sizeof(T));
+      if (!(kTimeline && a.reverse)) {
+        wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
+        dy_l2.prefetch((long long)t * NHD * (long long)sizeof(T));
+      }
     };
     // One buffer: step t - 1's inputs are loaded once the cell of step t is done with step t's,
     // and arrive while the block waits for the other blocks' dg and runs the product.
@@ -459,7 +480,9 @@ struct Kernels : MmaCommon<C> {
             C::backward(BackwardIn<T, kUnits>{cur, &bsm[0][d - d_blk], &psm[0][d - d_blk], ds, q}, BackwardOut{nd, o, q});
           }
         }
-        T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD;
+        if (kTimeline && t >= len) hold(ds, nd, o);
+        const int p = kTimeline ? rnncc::position(len, a.reverse, t) : t;
+        T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD;
         T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
         const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
         if (live) {

@@ -103,14 +103,15 @@ struct MmaCommon {
   // Step t's inputs of the lane (batch row gb of head n, units d0 and d0 + 1). The loads are
   // unconditional, as in the forwards' W x loads: masked elements read element 0; a lane's
   // two elements are adjacent units (get2).
+  // W x and dy are read at position p of the row (t, or the row's position of step t).
   template <typename T>
-  static __device__ __forceinline__ void load_step_inputs(const rnncc_fused_bwd_args& a, const int t, const int n,
-                                                   const int gb, const int d0, StepInputs<T>& in) {
+  static __device__ __forceinline__ void load_step_inputs(const rnncc_fused_bwd_args& a, const int t, const int p,
+                                                   const int n, const int gb, const int d0, StepInputs<T>& in) {
     const long long NHD = (long long)a.NH * kD, yO = (long long)a.B * a.T * NHD;
     const long long row = ((long long)t * a.NH + n) * a.B + gb;
     const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
-    const long long x_at = live ? (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD + d0 : 0;
-    const long long y_at = live ? ((long long)gb * a.T + t) * NHD + (long long)n * kD + d0 : 0;
+    const long long x_at = live ? (((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD + d0 : 0;
+    const long long y_at = live ? ((long long)gb * a.T + p) * NHD + (long long)n * kD + d0 : 0;
     const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
     const long long rh_at = live ? row * kRows + d0 : 0;
 #pragma unroll
@@ -177,6 +178,24 @@ struct MmaCommon {
   struct StepResults {
     float wx[kGx > 0 ? kGx : 1][2], gr[kGr > 0 ? kGr : 1][2], gb[kGb > 0 ? kGb : 1][2], p[kP > 0 ? kP : 1][2];
   };
+
+  // A held step of a lane's row (rnncc_abi.h: past its length): the states' cotangents pass
+  // through, every other result is 0 (stored as the cell's would be: dWx at position t).
+  static __device__ __forceinline__ void hold(const float (&ds)[kS][2], float (&nd)[kS][2], StepResults& o) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+#pragma unroll
+      for (int s = 0; s < kS; ++s) nd[s][q] = ds[s][q];
+#pragma unroll
+      for (int k = 0; k < (kGx > 0 ? kGx : 1); ++k) o.wx[k][q] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < (kGr > 0 ? kGr : 1); ++k) o.gr[k][q] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < (kGb > 0 ? kGb : 1); ++k) o.gb[k][q] = 0.0f;
+#pragma unroll
+      for (int k = 0; k < (kP > 0 ? kP : 1); ++k) o.p[k][q] = 0.0f;
+    }
+  }
 
   // What the backward cell reads for a lane's element q: the step's inputs (cur), biases and
   // params from shared memory (rows of kLen units from the element's: b, p), ds.

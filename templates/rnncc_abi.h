@@ -8,10 +8,17 @@
 //   s_*, ds_* [S, NH, B, D]      float32               Rh      [NH, B, Gr * D]  float32
 //   dGr       [NH, B, Gr * D]    float32               dGb     [NH, B, Gb * D]  float32
 //   dP        [NH, B, P * D]     float32
+//
+// Every kernel runs T steps. With `lengths` (int32 [B], each in 1..T; null: all T) and
+// `reverse` (0 or 1), step t of batch row b with L = lengths[b] is live while t < L and reads
+// and writes sequence position pos = reverse ? L - 1 - t : t (of Wx, y and their cotangents);
+// a step past L holds the row's states (the backward passes their cotangents through), writes
+// 0 to y (and dWx) at position t and nothing else. Per-step buffers (Rh, hist, rh, dGr) stay
+// indexed by the step t.
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 8
+#define RNNCC_ABI_VERSION 9
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -19,6 +26,8 @@ typedef struct rnncc_step_args {
   int B, T, NH, D;  // sizes
   int t;            // the step
   int dtype;        // rnncc_dtype of the storage tensors
+  const int* lengths;  // per batch row, or null (above)
+  int reverse;
   // forward and backward inputs
   const void* Wx;
   const float* Rh;
@@ -61,6 +70,8 @@ typedef struct rnncc_launch {
 typedef struct rnncc_fused_args {
   int B, T, NH, D;
   int dtype;
+  const int* lengths;  // per batch row, or null (above); only kernels built with C::kTimeline read them
+  int reverse;
   const void* Wx;
   const void* R;
   const void* bias;
@@ -86,6 +97,8 @@ typedef int (*rnncc_fused_fn)(const rnncc_fused_args* args, const rnncc_launch* 
 typedef struct rnncc_fused_bwd_args {
   int B, T, NH, D;
   int dtype;
+  const int* lengths;  // as in the forward
+  int reverse;
   const void* Wx;
   const void* R;
   const void* bias;

@@ -1,10 +1,12 @@
 // The stepwise variant's kernels: per step, one thread per (head, batch row, unit) runs the
 // cell's forward or backward on its element, float32 math for every storage dtype; the host
 // loop (stepwise_host.cpp) runs R·h and dR as GEMMs between the steps. Templated on the
-// generated cell struct C (its shape, kThreads, and the hooks forward and backward).
+// generated cell struct C (its shape, kThreads, and the hooks forward and backward). Per-row
+// lengths and the reverse direction (rnncc_abi.h) are read at run time: a step is one element.
 #pragma once
 #include "rnncc_abi.h"
 #include "rnncc_ops.cuh"
+#include "timeline.cuh"
 
 namespace rnncc {
 namespace stepwise {
@@ -17,11 +19,13 @@ struct Kernels {
   static_assert(kGx >= 0 && kGr >= 0 && kGb >= 0 && kP >= 0, "gate and param counts are non-negative");
 
   // Element i = (head n, batch row b, unit d) of step a.t, and its offsets: x into W x and
-  // dWx, y into y and dy, hd into bias and params; Rh and the per-element cotangents are
-  // [NH, B, gates, D]: (head, row) nb, unit d.
+  // dWx, y into y and dy (at the row's position of the step), hd into bias and params; Rh and
+  // the per-element cotangents are [NH, B, gates, D]: (head, row) nb, unit d. live: the step
+  // is one of the row's (else it holds the states).
   struct Element {
     long long NHD, NBD, yO, i, x, y, hd, nb;
     int d;
+    bool live;
     __device__ explicit Element(const rnncc_step_args& a) {
       NHD = (long long)a.NH * a.D;
       NBD = NHD * a.B;
@@ -29,7 +33,9 @@ struct Kernels {
       i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
       d = (int)(i % a.D);
       const int b = (int)((i / a.D) % a.B), n = (int)(i / ((long long)a.D * a.B));
-      const long long bt = (long long)b * a.T + a.t;
+      const int L = row_length(a.lengths, a.T, b, i < NBD);
+      live = a.t < L;
+      const long long bt = (long long)b * a.T + position(L, a.reverse, a.t);
       hd = (long long)n * a.D + d;
       x = bt * kGx * NHD + hd;
       y = bt * NHD + hd;
@@ -69,18 +75,39 @@ struct Kernels {
     const Element e(a);
     if (e.i >= e.NBD) return;
     float next[kS];
-    C::forward(In<T>{a, e}, next);
+    if (e.live) {
+      C::forward(In<T>{a, e}, next);
+    } else {  // a held step: the states stay, the outputs are 0
+#pragma unroll
+      for (int k = 0; k < kS; ++k) next[k] = a.s_old[k * e.NBD + e.i];
+    }
 #pragma unroll
     for (int k = 0; k < kS; ++k) a.s_new[k * e.NBD + e.i] = next[k];
 #pragma unroll
-    for (int o = 0; o < kO; ++o) static_cast<T*>(a.y)[e.y + o * e.yO] = from_float<T>(next[C::output_state(o)]);
+    for (int o = 0; o < kO; ++o)
+      static_cast<T*>(a.y)[e.y + o * e.yO] = from_float<T>(e.live ? next[C::output_state(o)] : 0.0f);
   }
 
   template <typename T>
   static __device__ __forceinline__ void backward(const rnncc_step_args& a) {
     const Element e(a);
     if (e.i >= e.NBD) return;
-    C::backward(In<T>{a, e}, Out<T>{a, e});
+    const Out<T> out{a, e};
+    if (e.live) {
+      C::backward(In<T>{a, e}, out);
+      return;
+    }
+    // A held step: the states' cotangents pass through, every other cotangent is 0.
+#pragma unroll
+    for (int k = 0; k < kS; ++k) out.d_state(k, a.ds_new[k * e.NBD + e.i]);
+#pragma unroll
+    for (int k = 0; k < kGx; ++k) out.d_wx(k, 0.0f);
+#pragma unroll
+    for (int k = 0; k < kGr; ++k) out.d_rh(k, 0.0f);
+#pragma unroll
+    for (int k = 0; k < kGb; ++k) out.d_bias(k, 0.0f);
+#pragma unroll
+    for (int k = 0; k < kP; ++k) out.d_param(k, 0.0f);
   }
 };
 

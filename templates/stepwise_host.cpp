@@ -79,6 +79,21 @@ float* fptr(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<
 
 at::Tensor opt(const c10::optional<at::Tensor>& t) { return t.has_value() ? t->contiguous() : at::Tensor(); }
 
+// The per-row lengths and the direction into a kernel's arguments (rnncc_abi.h): lengths int32
+// [B] on the device of Wx (the Python side converts them), or none.
+template <typename Args>
+void set_timeline(Args& a, const c10::optional<at::Tensor>& lengths, bool reverse, const at::Tensor& Wx) {
+  a.lengths = nullptr;
+  if (lengths.has_value()) {
+    const at::Tensor& l = *lengths;
+    TORCH_CHECK(l.scalar_type() == at::kInt && l.dim() == 1 && l.size(0) == Wx.size(0) && l.is_contiguous() &&
+                    l.device() == Wx.device(),
+                "rnncc: lengths must be a contiguous int32 [B] tensor on the device of Wx");
+    a.lengths = l.data_ptr<int>();
+  }
+  a.reverse = reverse ? 1 : 0;
+}
+
 void launch(int64_t fn, const rnncc_step_args& a, cudaStream_t stream, const char* what) {
   const int err = reinterpret_cast<rnncc_step_fn>(fn)(&a, stream);
   TORCH_CHECK(err == 0, "rnncc stepwise: launching the ", what, " kernel failed: ",
@@ -91,8 +106,9 @@ void poison(at::Tensor& t) {
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
     const at::Tensor& Wx_, const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
-    const at::Tensor& states, const c10::optional<at::Tensor>& params_, int64_t fn,
-    at::IntArrayRef dims, bool save, bool poison_outputs) {
+    const at::Tensor& states, const c10::optional<at::Tensor>& params_,
+    const c10::optional<at::Tensor>& lengths, bool reverse, int64_t fn, at::IntArrayRef dims, bool save,
+    bool poison_outputs) {
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -117,6 +133,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
   a.B = B; a.T = T; a.NH = NH; a.D = D;
   a.dtype = dtype_code(Wx.scalar_type());
   a.Wx = cptr(Wx); a.bias = cptr(bias); a.params = cptr(params); a.y = mptr(y);
+  set_timeline(a, lengths, reverse, Wx);
   for (int64_t t = 0; t < T; ++t) {
     at::Tensor s_old = hist[save ? t : t % 2], s_new = hist[save ? t + 1 : (t + 1) % 2];
     if (k.Gr) {
@@ -180,8 +197,8 @@ Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hi
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_backward(
     const at::Tensor& dy_, const at::Tensor& dlast, const at::Tensor& Wx_,
     const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
-    const c10::optional<at::Tensor>& params_, const at::Tensor& hist, const at::Tensor& rh,
-    int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
+    const c10::optional<at::Tensor>& params_, const c10::optional<at::Tensor>& lengths, bool reverse,
+    const at::Tensor& hist, const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -206,6 +223,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
   a.dtype = dtype_code(Wx.scalar_type());
   a.Wx = cptr(Wx); a.bias = cptr(bias); a.params = cptr(params);
   a.dy = cptr(dy); a.dWx = mptr(dWx);
+  set_timeline(a, lengths, reverse, Wx);
   int cur = 0;
   for (int64_t t = T - 1; t >= 0; --t) {
     a.t = static_cast<int>(t);
@@ -251,8 +269,9 @@ at::Tensor aligned_contiguous(const at::Tensor& t) {
 // (hist and rh only when save), so stepwise_backward serves as its backward.
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
     const at::Tensor& Wx_, const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
-    const at::Tensor& states_, const c10::optional<at::Tensor>& params_, int64_t fn,
-    at::IntArrayRef dims, at::IntArrayRef launch, bool save, bool poison_outputs) {
+    const at::Tensor& states_, const c10::optional<at::Tensor>& params_,
+    const c10::optional<at::Tensor>& lengths, bool reverse, int64_t fn, at::IntArrayRef dims,
+    at::IntArrayRef launch, bool save, bool poison_outputs) {
   const Dims k(dims);
   const Plan plan(launch);
   c10::cuda::CUDAGuard guard(Wx_.device());
@@ -279,6 +298,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
+  set_timeline(a, lengths, reverse, Wx);
   const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, &plan.fw, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
@@ -290,9 +310,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
 // gradients as stepwise_backward.
 Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::Tensor& Wx_,
                      const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
-                     const c10::optional<at::Tensor>& params_, const at::Tensor& hist,
-                     const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, at::IntArrayRef launch,
-                     bool poison_outputs) {
+                     const c10::optional<at::Tensor>& params_, const c10::optional<at::Tensor>& lengths,
+                     bool reverse, const at::Tensor& hist, const at::Tensor& rh, int64_t fn,
+                     at::IntArrayRef dims, at::IntArrayRef launch, bool poison_outputs) {
   const Dims k(dims);
   const Plan plan(launch);
   c10::cuda::CUDAGuard guard(Wx_.device());
@@ -320,6 +340,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? mptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
+  set_timeline(a, lengths, reverse, Wx);
   const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, &plan.bw, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
@@ -332,18 +353,18 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
 
 TORCH_LIBRARY(rnncc_host, m) {
   m.def(
-      "stepwise_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, int fn, "
-      "int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
+      "stepwise_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
+      "Tensor? lengths, bool reverse, int fn, int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "stepwise_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
-      "Tensor? params, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
+      "Tensor? params, Tensor? lengths, bool reverse, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
-      "fused_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, int fn, "
-      "int[] dims, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
+      "fused_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
+      "Tensor? lengths, bool reverse, int fn, int[] dims, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
-      "Tensor? params, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, bool poison) "
+      "Tensor? params, Tensor? lengths, bool reverse, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, bool poison) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
 }

@@ -26,13 +26,16 @@ def load_examples() -> dict[str, rnncc.CompiledCell]:
 
 
 def prepare(cells: dict, cases: list[dict]) -> None:
-    """Build every library the cases run, in parallel (one build step, not one per test)."""
-    jobs = {(c["example"], c["D"], c["dtype"], c["B"], c["NH"]) for c in cases}
+    """Build every library the cases run, in parallel (one build step, not one per test); a
+    case with ``"timeline": True`` runs with lengths or reversed."""
+    jobs = {
+        (c["example"], c["D"], c["dtype"], c["B"], c["NH"], c.get("timeline", False)) for c in cases
+    }
     with override(poison=True), ThreadPoolExecutor(max_workers=16) as pool:
         list(
             pool.map(
                 lambda j: cells[j[0]].prepare(
-                    "cuda", head_dim=j[1], dtype=DTYPES[j[2]], batch=j[3], heads=j[4]
+                    "cuda", head_dim=j[1], dtype=DTYPES[j[2]], batch=j[3], heads=j[4], timeline=j[5]
                 ),
                 sorted(jobs),
             )
@@ -43,19 +46,19 @@ def case_id(c: dict) -> str:
     return "-".join(f"{k}{v}" if k != "example" else v for k, v in c.items())
 
 
-def run(cell, x, backend, cot):
+def run(cell, x, backend, cot, **kw):
     args = {k: None if v is None else v.clone().requires_grad_() for k, v in x.items()}
-    y, last = cell(*(args[k] for k in INPUTS), backend=backend)
+    y, last = cell(*(args[k] for k in INPUTS), backend=backend, **kw)
     loss = (y.double() * cot["y"]).sum() + (last.double() * cot["last"]).sum()
     names = [k for k in INPUTS if args[k] is not None]
     grads = torch.autograd.grad(loss, [args[k] for k in names])
     return y, last, dict(zip(names, grads, strict=True))
 
 
-def check_against_reference(cell, case: dict, backend: str, seed: int = SEED):
+def check_against_reference(cell, case: dict, backend: str, seed: int = SEED, **kw):
     """Run ``case`` on ``backend`` and on the reference in float64 (from the same rounded
-    inputs); every relative error within the dtype's tolerance. Returns the plan the backend
-    call ran."""
+    inputs; ``kw``: the call's ``lengths=``, ``reverse=``); every relative error within the
+    dtype's tolerance. Returns the plan the backend call ran."""
     dtype = DTYPES[case["dtype"]]
     x64 = random_inputs(cell.ir, case["B"], case["T"], case["NH"], case["D"], seed=seed)
     x = {k: None if v is None else v.to("cuda", dtype) for k, v in x64.items()}
@@ -67,10 +70,10 @@ def check_against_reference(cell, case: dict, backend: str, seed: int = SEED):
         for k in ("y", "last")
     }
     with override(poison=True):
-        y, last, grads = run(cell, x, backend, cot)
+        y, last, grads = run(cell, x, backend, cot, **kw)
     assert cell.last_backend == backend
     plan = cell.last_plan
-    y_ref, last_ref, grads_ref = run(cell, ref_in, "reference", cot)
+    y_ref, last_ref, grads_ref = run(cell, ref_in, "reference", cot, **kw)
     tol = TOLERANCES[dtype]
     assert y.dtype == dtype and last.dtype == dtype
     errors = {"y": rel_err(y, y_ref), "last": rel_err(last, last_ref)}

@@ -241,14 +241,16 @@ def render_fused(
     *,
     fast: bool,
 ) -> GeneratedSource:
-    """A fused variant's library: its skeleton ``<variant>.cuh`` on ``traits``, the build
-    record in the header as the plan, named ``<cell>_<variant>_d<D>.cu``."""
+    """A fused variant's library: its skeleton ``<variant>.cuh`` on ``traits`` and
+    ``kTimeline`` (the build record's ``timeline``: per-row lengths and the reverse direction),
+    the build record in the header as the plan, named ``<cell>_<variant>_d<D>[_timeline].cu``."""
+    timeline = bool(build.get("timeline"))
     return render_cell(
         cell,
         bwd,
-        filename=f"{cell.name}_{variant}_d{build['D']}.cu",
+        filename=f"{cell.name}_{variant}_d{build['D']}{'_timeline' if timeline else ''}.cu",
         plan=f"{variant}, " + json.dumps(build, sort_keys=True),
         skeleton=f"{variant}.cuh",
-        traits=traits,
+        traits=[*traits, ("bool", "kTimeline", "true" if timeline else "false")],
         fast=fast,
     )

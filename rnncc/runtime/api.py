@@ -195,7 +195,8 @@ class CompiledCell:
             states = self._declared(sizes, Wx, states=True)
         if params is None and self.ir.params:
             params = self._declared(sizes, Wx, states=False)
-        plan = self._choose(backend, Wx, sizes)
+        timeline = lengths is not None or reverse
+        plan = self._choose(backend, Wx, sizes, timeline)
         if plan is None:
             self.last_backend, self.last_plan = "reference", None
             return run_reference(
@@ -209,18 +210,12 @@ class CompiledCell:
                 lengths=lengths,
                 reverse=reverse,
             )
-        # Until the kernels take per-row lengths and the reverse direction, such calls stop here,
-        # before any build or launch (replace this check when they do).
-        if lengths is not None or reverse:
-            raise NotImplementedError(
-                "lengths= and reverse= run on backend='reference' only in this build "
-                f"(this call chose the {'fused' if plan.fused else 'stepwise'} backend on "
-                f"{Wx.device})"
-            )
         ops = self._ops_for(Wx.device, plan)
         self.last_backend = "fused" if plan.fused else "stepwise"
         self.last_plan = plan
-        return ops(Wx, R, b, states, params, plan.launch)
+        if lengths is not None:
+            lengths = lengths.to(dtype=torch.int32).contiguous()  # as the kernels read them
+        return ops(Wx, R, b, states, params, plan.launch, lengths, reverse)
 
     def step(
         self,
@@ -281,18 +276,21 @@ class CompiledCell:
         dtype: torch.dtype = torch.bfloat16,
         device: torch.device | str = "cuda",
         backend: str = "auto",
+        *,
+        timeline: bool = False,
     ) -> Plan:
         """The plan a call at these sizes runs on ``device``: the kernel variant, its
         parameters, its launch and predicted cost (``Plan.explain()``). ``backend``:
         ``"auto"`` (the cheapest variant), ``"fused"`` (the cheapest fused one; TilingError
-        naming the binding constraints when none runs the size) or ``"stepwise"``."""
+        naming the binding constraints when none runs the size) or ``"stepwise"``.
+        ``timeline``: the plan of calls with ``lengths=`` or ``reverse=True``."""
         if dtype not in _CUDA_DTYPES:
             raise ValueError(f"the CUDA backends store float32, float16 or bfloat16; got {dtype}")
         if backend not in ("auto", "fused", "stepwise"):
             raise ValueError(
                 f"plans are for backend 'auto', 'fused' or 'stepwise'; got {backend!r}"
             )
-        return self._plan_for(torch.device(device), dtype, Sizes(B, 1, NH, D), backend)
+        return self._plan_for(torch.device(device), dtype, Sizes(B, 1, NH, D), backend, timeline)
 
     def prepare(
         self,
@@ -302,15 +300,19 @@ class CompiledCell:
         dtype: torch.dtype = torch.bfloat16,
         batch: int = 16,
         heads: int = 1,
+        timeline: bool = False,
     ) -> None:
         """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at
         the first call: the stepwise kernels, and with ``head_dim`` those of the plan for
-        these sizes. Safe to call from several threads for different cells at once."""
+        these sizes (``timeline``: also those of calls with ``lengths=`` or ``reverse=True``).
+        Safe to call from several threads for different cells at once."""
         dev = torch.device(device)
         sizes = Sizes(batch, 1, heads, head_dim or 1)
         self._ops_for(dev, self._plan_for(dev, dtype, sizes, "stepwise"))
         if head_dim is not None:
             self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto"))
+            if timeline:
+                self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", True))
 
     def _arch(self, device: torch.device) -> str:
         from rnncc.runtime.kernels import arch_of
@@ -323,12 +325,17 @@ class CompiledCell:
         return caps_for_device(_index(device))
 
     def _plan_for(
-        self, device: torch.device, dtype: torch.dtype, sizes: Sizes, backend: str
+        self,
+        device: torch.device,
+        dtype: torch.dtype,
+        sizes: Sizes,
+        backend: str,
+        timeline: bool = False,
     ) -> Plan:
         """The plan of a call: solved on first use and kept (a device without an index, "the
         current device", is solved for each time)."""
         B, _, NH, D = sizes
-        key = (device, dtype, B, NH, D, backend)
+        key = (device, dtype, B, NH, D, backend, timeline)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -336,7 +343,7 @@ class CompiledCell:
         from rnncc.variants import BY_NAME, VARIANTS
 
         problem = Problem.from_cell(
-            self.ir, heads=NH, head_dim=D, batch=B, dtype=DTYPE_NAMES[dtype]
+            self.ir, heads=NH, head_dim=D, batch=B, dtype=DTYPE_NAMES[dtype], timeline=timeline
         )
         variants = {
             "auto": VARIANTS,
@@ -371,8 +378,11 @@ class CompiledCell:
             self._warned.add(key)
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
-    def _choose(self, backend: str, Wx: torch.Tensor, sizes: Sizes) -> Plan | None:
-        """The plan of a CUDA call, or None where the reference backend runs it."""
+    def _choose(
+        self, backend: str, Wx: torch.Tensor, sizes: Sizes, timeline: bool = False
+    ) -> Plan | None:
+        """The plan of a CUDA call, or None where the reference backend runs it; ``timeline``:
+        the call has per-row lengths or runs reversed."""
         if backend == "reference":
             return None
         on_cuda = Wx.is_cuda
@@ -388,7 +398,7 @@ class CompiledCell:
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
             try:
-                return self._plan_for(Wx.device, Wx.dtype, sizes, backend)
+                return self._plan_for(Wx.device, Wx.dtype, sizes, backend, timeline)
             except TilingError as err:
                 raise TilingError(
                     f"cell '{self.name}': no fused kernel for head dim {sizes.D}: {err}\n"
@@ -405,7 +415,7 @@ class CompiledCell:
                 ),
             )
             return None
-        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto")
+        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto", timeline)
         if not plan.fused:
             self._warn_once(
                 ("stepwise", sizes.D, Wx.dtype),

@@ -38,7 +38,7 @@ from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
 from rnncc.variants import BY_NAME, Launch
 
-ABI_VERSION = 8
+ABI_VERSION = 9
 #: The headers the host loop includes (a kernel library's are its GeneratedSource's).
 HOST_HEADERS = ("rnncc_abi.h",)
 _lock = threading.Lock()
@@ -156,11 +156,23 @@ class KernelOps:
         states: Tensor,
         params: Tensor | None,
         launch: Launch,
+        lengths: Tensor | None = None,
+        reverse: bool = False,
     ) -> tuple[Tensor, Tensor]:
+        """``lengths``: int32 ``[B]`` on the device of ``Wx``, or None (every row runs ``T``
+        steps); a library whose kernels were built without them (``Variant.runs_timeline``)
+        takes neither."""
+        if (lengths is not None or reverse) and not BY_NAME[self.build["variant"]].runs_timeline(
+            self.build
+        ):
+            raise RuntimeError(
+                f"rnncc: the {self.build['variant']} kernels were built without per-row lengths "
+                "and the reverse direction: their plan needs timeline=True"
+            )
         inputs = [t for t in (Wx, R, b, states, params) if t is not None]
         save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
         y, last, _, _ = self.forward_op(
-            Wx, R, b, states, params, launch.as_list(), save, self.poison
+            Wx, R, b, states, params, lengths, reverse, launch.as_list(), save, self.poison
         )
         return y, last
 
@@ -201,11 +213,11 @@ _library: torch.library.Library | None = None
 
 _FORWARD_SCHEMA = (
     "{name}_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
-    "int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)"
+    "Tensor? lengths, bool reverse, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 _BACKWARD_SCHEMA = (
     "{name}_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, Tensor? params, "
-    "Tensor hist, Tensor rh, int[] launch, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    "Tensor? lengths, bool reverse, Tensor hist, Tensor rh, int[] launch, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -238,12 +250,27 @@ def _define_ops(
         b: Tensor | None,
         states: Tensor,
         params: Tensor | None,
+        lengths: Tensor | None,
+        reverse: bool,
         launch: list[int],
         save: bool,
         poison: bool,
     ) -> _ForwardOut:
         run = getattr(torch.ops.rnncc_host, f"{host}_forward")
-        out = run(Wx, R, b, states, params, fwd_ptr, dims, *_launch_arg(launch), save, poison)
+        out = run(
+            Wx,
+            R,
+            b,
+            states,
+            params,
+            lengths,
+            reverse,
+            fwd_ptr,
+            dims,
+            *_launch_arg(launch),
+            save,
+            poison,
+        )
         return cast(_ForwardOut, out)
 
     def forward_fake(
@@ -252,6 +279,8 @@ def _define_ops(
         b: Tensor | None,
         states: Tensor,
         params: Tensor | None,
+        lengths: Tensor | None,
+        reverse: bool,
         launch: list[int],
         save: bool,
         poison: bool,
@@ -269,6 +298,8 @@ def _define_ops(
         R: Tensor | None,
         b: Tensor | None,
         params: Tensor | None,
+        lengths: Tensor | None,
+        reverse: bool,
         hist: Tensor,
         rh: Tensor,
         launch: list[int],
@@ -276,7 +307,20 @@ def _define_ops(
     ) -> _BackwardOut:
         run = getattr(torch.ops.rnncc_host, f"{host}_backward")
         out = run(
-            dy, dlast, Wx, R, b, params, hist, rh, bwd_ptr, dims, *_launch_arg(launch), poison
+            dy,
+            dlast,
+            Wx,
+            R,
+            b,
+            params,
+            lengths,
+            reverse,
+            hist,
+            rh,
+            bwd_ptr,
+            dims,
+            *_launch_arg(launch),
+            poison,
         )
         return cast(_BackwardOut, out)
 
@@ -287,6 +331,8 @@ def _define_ops(
         R: Tensor | None,
         b: Tensor | None,
         params: Tensor | None,
+        lengths: Tensor | None,
+        reverse: bool,
         hist: Tensor,
         rh: Tensor,
         launch: list[int],
@@ -307,10 +353,11 @@ def _define_ops(
     backward_op = getattr(torch.ops.rnncc, f"{name}_backward")
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
-        Wx, R, b, states, params, launch, save, poison = inputs
+        Wx, R, b, states, params, lengths, reverse, launch, save, poison = inputs
         _, _, hist, rh = output
         # states only to tell a second differentiation apart (see _first_order_only).
-        ctx.save_for_backward(Wx, R, b, states, params, hist, rh)
+        ctx.save_for_backward(Wx, R, b, states, params, lengths, hist, rh)
+        ctx.reverse = reverse
         ctx.has = (R is not None, b is not None, params is not None)
         ctx.poison = poison
         ctx.launch = launch
@@ -332,14 +379,25 @@ def _define_ops(
             raise RuntimeError(
                 "rnncc: this forward ran without saving for backward (no input required grad)"
             )
-        Wx, R, b, states, params, hist, rh = ctx.saved_tensors
+        Wx, R, b, states, params, lengths, hist, rh = ctx.saved_tensors
         B, T, _, NH, D = Wx.shape
         if dy is None:
             dy = Wx.new_zeros((O, B, T, NH, D))
         if dlast is None:
             dlast = Wx.new_zeros(ctx.states_shape)
         dWx, dR, db, dstates, dparams = backward_op(
-            dy, dlast.to(Wx.dtype), Wx, R, b, params, hist, rh, ctx.launch, ctx.poison
+            dy,
+            dlast.to(Wx.dtype),
+            Wx,
+            R,
+            b,
+            params,
+            lengths,
+            ctx.reverse,
+            hist,
+            rh,
+            ctx.launch,
+            ctx.poison,
         )
         has_r, has_b, has_p = ctx.has
         grads: tuple[Tensor | None, ...] = (
@@ -351,7 +409,7 @@ def _define_ops(
         )
         if torch.is_grad_enabled():  # create_graph=True
             grads = _first_order_only(host, (dy, dlast, Wx, R, b, states, params), grads)
-        return (*grads, None, None, None)
+        return (*grads, None, None, None, None, None)
 
     torch.library.register_autograd(
         f"rnncc::{name}_forward", grad, setup_context=setup_context, lib=lib

@@ -41,6 +41,9 @@ class Problem:
     mufu_ops: int = 0  # MUFU instructions per element per step
     alu_ops: int = 0  # plain fp32 instructions per element per step
     cell_regs: int = 8  # registers the cell's temporaries need per element in flight
+    # per-row lengths or the reverse direction: the fused kernels map each row's steps to its
+    # positions (rnncc_abi.h), built apart from the full-length forward ones
+    timeline: bool = False
 
     def __post_init__(self) -> None:
         for field in ("heads", "head_dim", "batch", "n_states"):
@@ -80,6 +83,7 @@ class Problem:
     def describe(self) -> str:
         return (
             f"Gr={self.gates_r}, NH={self.heads}, D={self.head_dim}, B={self.batch}, {self.dtype}"
+            + (", per-row lengths or reversed" if self.timeline else "")
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -95,6 +99,7 @@ class Problem:
         batch: int,
         dtype: str = "bf16",
         op_counts: Mapping[str, int] | None = None,
+        timeline: bool = False,
     ) -> Problem:
         """The problem of an IR cell at the given sizes.
 
@@ -119,6 +124,7 @@ class Problem:
             mufu_ops=mufu,
             alu_ops=alu,
             cell_regs=estimate_cell_regs(op_counts),
+            timeline=timeline,
         )
 
 

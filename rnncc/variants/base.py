@@ -137,9 +137,22 @@ class Variant:
         """The CUDA source of the library that ``build`` describes, for ``cell``."""
         raise NotImplementedError
 
+    def runs_timeline(self, build: Build) -> bool:
+        """Whether the kernels of ``build`` take per-row lengths and the reverse direction
+        (``Problem.timeline``)."""
+        return bool(build.get("timeline"))
+
     def library_name(self, cell_name: str, build: Build) -> str:
         d = build.get("D")
-        return f"rnncc_{cell_name}_{self.name}" + (f"_d{d}" if d is not None else "")
+        name = f"rnncc_{cell_name}_{self.name}" + (f"_d{d}" if d is not None else "")
+        return name + ("_timeline" if build.get("timeline") else "")
+
+
+def timeline_record(problem: Problem) -> dict[str, Any]:
+    """The part of a fused build record that says its kernels take per-row lengths and the
+    reverse direction: ``{"timeline": True}`` where the problem needs them, else nothing, so
+    that the kernels of full-length forward calls are built (and cached) without them."""
+    return {"timeline": True} if problem.timeline else {}
 
 
 def waves(units: int, slots: int) -> int:

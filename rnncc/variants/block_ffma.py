@@ -17,6 +17,7 @@ from rnncc.variants.base import (
     Point,
     Variant,
     cdiv,
+    timeline_record,
 )
 from rnncc.variants.costs import block_tier_cost, cycles_us
 
@@ -114,6 +115,7 @@ class BlockFfma(Variant):
             "batch_chunk": BATCH_CHUNK,
             "threads": threads(problem),
             "groups": groups(problem),
+            **timeline_record(problem),
         }
 
     def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:

@@ -19,6 +19,7 @@ from rnncc.variants.base import (
     Point,
     Variant,
     cdiv,
+    timeline_record,
 )
 from rnncc.variants.block_ffma import STATIC_SMEM_BYTES
 from rnncc.variants.costs import block_tier_cost, mma_us
@@ -174,6 +175,7 @@ class BlockMma(Variant):
             "in_ahead": IN_AHEAD,
             "wx_row": wx_row(problem),
             "ring": input_ring(problem),
+            **timeline_record(problem),
         }
 
     def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:

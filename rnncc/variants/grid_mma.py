@@ -22,6 +22,7 @@ from rnncc.variants.base import (
     Point,
     Variant,
     cdiv,
+    timeline_record,
 )
 from rnncc.variants.costs import (
     GRID_GATHER_BYTES_PER_US,
@@ -339,6 +340,7 @@ class GridMma(Variant):
             "batch_chunk": BATCH_CHUNK,
             "exchange_words": exchange_words(problem),
             "kernels": _kernel_table(problem, LIBRARY_SMEM),
+            **timeline_record(problem),
         }
 
     def _kernel(self, problem: Problem, point: Point) -> tuple[int, dict[str, int]]:

@@ -48,6 +48,9 @@ class Stepwise(Variant):
     def build(self, problem: Problem) -> dict[str, Any]:
         return dict(BUILD)
 
+    def runs_timeline(self, build: Any) -> bool:
+        return True  # read at run time: a step is one element per thread
+
     def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:
         return Launch(None, None)
 

@@ -51,6 +51,7 @@ struct Cell {
   static constexpr int kInOffY = 5760;
   static constexpr int kInSlot = 6928;
   static constexpr size_t kBwSmem = 20784;
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }

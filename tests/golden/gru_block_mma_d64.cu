@@ -60,6 +60,7 @@ struct Cell {
   static constexpr int kInOffY = 12672;
   static constexpr int kInSlot = 13840;
   static constexpr size_t kBwSmem = 41520;
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }

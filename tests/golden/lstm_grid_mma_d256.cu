@@ -56,6 +56,7 @@ struct Cell {
   static constexpr int kFwKT[2] = {8, 4};
   static constexpr int kBwWarps[2] = {3, 8};
   static constexpr int kBwKT[2] = {22, 8};
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }

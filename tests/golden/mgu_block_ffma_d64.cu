@@ -46,6 +46,7 @@ struct Cell {
   static constexpr int kBC = 8;
   static constexpr int kThreads = 128;
   static constexpr int kGroups = 2;
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }

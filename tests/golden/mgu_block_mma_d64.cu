@@ -58,6 +58,7 @@ struct Cell {
   static constexpr int kInOffY = 9216;
   static constexpr int kInSlot = 10384;
   static constexpr size_t kBwSmem = 31152;
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }

@@ -56,6 +56,7 @@ struct Cell {
   static constexpr int kInOffY = 4608;
   static constexpr int kInSlot = 5776;
   static constexpr size_t kBwSmem = 17328;
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }

@@ -65,6 +65,7 @@ struct Cell {
   static constexpr int kInOffY = 18432;
   static constexpr int kInSlot = 20752;
   static constexpr size_t kBwSmem = 62256;
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : o == 1 ? 1 : -1; }

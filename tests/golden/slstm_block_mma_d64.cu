@@ -66,6 +66,7 @@ struct Cell {
   static constexpr int kInOffY = 23040;
   static constexpr int kInSlot = 24208;
   static constexpr size_t kBwSmem = 72624;
+  static constexpr bool kTimeline = false;
 
   // The state that output o is.
   __host__ __device__ static constexpr int output_state(int o) { return o == 0 ? 0 : -1; }

@@ -1,11 +1,8 @@
 """``rnncc.RNN`` as nn.LSTM/GRU/RNN on the fused backend (``pytest -m gpu``): stacked,
 bidirectional, padded and packed batches, initial states, autocast, in fp32 and bf16 at hidden
 64, 12 heads × 64 and 768, against the same layer in float64 on the reference backend (outputs,
-last states and the gradients of the input, the states and every weight).
-
-Cases marked ``kernel_lengths`` pass ``lengths=`` or ``reverse=`` to the cell, which the fused
-kernels do not take yet: until they do, those fail with NotImplementedError. Run the others
-alone with ``pytest -m "gpu and not kernel_lengths" tests/gpu/test_layer_gpu.py``."""
+last states and the gradients of the input, the states and every weight). Padded, packed and
+reverse-direction cases run the kernels built with per-row lengths (kTimeline)."""
 
 from __future__ import annotations
 
@@ -21,7 +18,6 @@ from rnncc.errors import TilingError
 from rnncc.testing import TOLERANCES, rel_err
 
 pytestmark = pytest.mark.gpu
-KERNEL_LENGTHS = pytest.mark.kernel_lengths
 
 B, T, I = 4, 24, 32
 LENGTHS = [17, 24, 3, 9]  # unsorted, one full row
@@ -39,7 +35,6 @@ def _cases():
                 for num_layers in (1, 2):
                     for bidirectional in (False, True):
                         for how in ("full", "padded", "packed"):
-                            needs = bidirectional or how != "full"
                             yield pytest.param(
                                 cell,
                                 NH,
@@ -50,7 +45,6 @@ def _cases():
                                 how,
                                 id=f"{cell}-{NH}x{H // NH}-{dname}-L{num_layers}"
                                 f"-{'bi' if bidirectional else 'uni'}-{how}",
-                                marks=[KERNEL_LENGTHS] if needs else [],
                             )
 
 
@@ -147,7 +141,6 @@ def test_autocast_bf16_with_fp32_weights(NH, H):
         pytest.param(
             lambda: nn.LSTM(I, 64, num_layers=2, bidirectional=True, batch_first=True),
             id="lstm-2-bi",
-            marks=KERNEL_LENGTHS,
         ),
     ],
 )
@@ -163,20 +156,6 @@ def test_from_torch_on_fused_matches_torch(module):
     last_t = torch.stack(last_t) if isinstance(last_t, tuple) else last_t[None]
     tol = TOLERANCES[torch.float32]
     assert rel_err(out, out_t) <= tol and rel_err(last, last_t) <= tol
-
-
-def test_kernel_backends_refuse_lengths_until_the_kernels_take_them():
-    """Delete this test when the fused kernels take lengths= and reverse=: until then the
-    call stops before building or launching anything, on auto as on fused."""
-    layer = _layer("lstm", 1, 64, torch.float32, bidirectional=True)
-    layer.backend = "auto"
-    with pytest.raises(NotImplementedError, match="backend='reference' only"):
-        layer(torch.randn(B, T, I, device="cuda"))
-    cell = layer.cell
-    x = torch.randn(B, T, 4, 1, 64, device="cuda")
-    R, b = torch.zeros(4, 1, 64, 64, device="cuda"), torch.zeros(4, 1, 64, device="cuda")
-    with pytest.raises(NotImplementedError, match="backend='reference' only"):
-        cell(x, R, b, backend="fused", lengths=torch.tensor(LENGTHS))
 
 
 def test_a_fused_size_that_does_not_fit_says_so():

@@ -45,7 +45,7 @@ def test_fake_forward_and_backward_shapes(save, host):
             for k in ("Wx", "R", "b", "states", "params")
         }
         y, last, hist, rh = fwd(
-            x["Wx"], x["R"], x["b"], x["states"], x["params"], launch, save, False
+            x["Wx"], x["R"], x["b"], x["states"], x["params"], None, False, launch, save, False
         )
         assert y.shape == s["y"] and last.shape == s["last"]
         if save:
@@ -55,7 +55,7 @@ def test_fake_forward_and_backward_shapes(save, host):
             assert hist.numel() == 0 and rh.numel() == 0
         bwd = getattr(torch.ops.rnncc, f"{name}_backward")
         dWx, dR, db, dst, dp = bwd(
-            y, last, x["Wx"], x["R"], x["b"], x["params"], hist, rh, launch, False
+            y, last, x["Wx"], x["R"], x["b"], x["params"], None, False, hist, rh, launch, False
         )
         assert (dWx.shape, dR.shape, db.shape, dst.shape, dp.shape) == (
             s["Wx"],

@@ -166,6 +166,7 @@ GRU_FILES = [
     "kernels/rnncc_abi.h",
     "kernels/rnncc_ops.cuh",
     "kernels/stepwise.cuh",
+    "kernels/timeline.cuh",
 ]
 PLAN = {"plan.txt": "a plan\n", "plan.json": "{}\n"}
 

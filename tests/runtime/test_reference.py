@@ -265,15 +265,30 @@ def test_derived_backward_with_lengths_equals_torch_autograd(path, reverse):
         assert rel_err(a, b) <= 1e-12, name
 
 
-def test_kernel_backends_refuse_lengths_before_building_anything(monkeypatch):
-    """Until the kernels take lengths and reverse, a call that chose one says so, before any
-    build or launch (the CUDA side is in tests/gpu/test_layer_gpu.py)."""
+def test_kernel_backends_get_a_timeline_plan_and_int32_lengths(monkeypatch):
+    """A call with lengths= or reverse= that a CUDA backend runs plans the kernels built with
+    per-row lengths (timeline) and hands them the lengths as int32 (what they read); a
+    full-length forward call plans the others (the CUDA side: tests/gpu/test_timeline_gpu.py)."""
     from types import SimpleNamespace
 
     cell = rnncc.load(EX["lstm"])
     x = random_inputs(cell.ir, 3, 4, 1, 2)
-    monkeypatch.setattr(cell, "_choose", lambda *a: SimpleNamespace(fused=True))
-    monkeypatch.setattr(cell, "_ops_for", lambda *a: pytest.fail("built kernels"))
-    for kw in ({"lengths": LENGTHS}, {"reverse": True}):
-        with pytest.raises(NotImplementedError, match="backend='reference' only"):
-            cell(*(x[k] for k in INPUTS), **kw)
+    seen: list = []
+    monkeypatch.setattr(
+        cell,
+        "_choose",
+        lambda backend, Wx, sizes, timeline=False: (
+            seen.append(timeline) or SimpleNamespace(fused=True, launch="launch")
+        ),
+    )
+    monkeypatch.setattr(
+        cell, "_ops_for", lambda *a: lambda *args: seen.append(args[5:]) or ("y", "last")
+    )
+    for kw in ({"lengths": LENGTHS}, {"reverse": True}, {}):
+        assert cell(*(x[k] for k in INPUTS), **kw) == ("y", "last")
+    (t1, (l1, lengths, r1)), (t2, (_, none, r2)), (t3, (_, _, r3)) = zip(
+        seen[::2], seen[1::2], strict=True
+    )
+    assert (t1, t2, t3) == (True, True, False) and (r1, r2, r3) == (False, True, False)
+    assert l1 == "launch" and none is None
+    assert lengths.dtype == torch.int32 and lengths.tolist() == LENGTHS.tolist()

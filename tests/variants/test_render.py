@@ -30,9 +30,14 @@ FUSED = tuple(v for v in VARIANTS if v.host == "fused")
 FFMA, MMA, GRID = BY_NAME["block_ffma"], BY_NAME["block_mma"], BY_NAME["grid_mma"]
 
 
-def problem(cell: Cell, D: int, variant: Variant, batch: int = 16) -> Problem:
-    """One head of ``cell`` at head dim ``D`` in the first storage dtype ``variant`` runs."""
-    return Problem.from_cell(cell, heads=1, head_dim=D, batch=batch, dtype=variant.dtypes[0])
+def problem(
+    cell: Cell, D: int, variant: Variant, batch: int = 16, timeline: bool = False
+) -> Problem:
+    """One head of ``cell`` at head dim ``D`` in the first storage dtype ``variant`` runs
+    (``timeline``: with per-row lengths or reversed)."""
+    return Problem.from_cell(
+        cell, heads=1, head_dim=D, batch=batch, dtype=variant.dtypes[0], timeline=timeline
+    )
 
 
 def ruled_out(cell: Cell, D: int, variant: Variant, caps=H100) -> list[str]:
@@ -42,8 +47,11 @@ def ruled_out(cell: Cell, D: int, variant: Variant, caps=H100) -> list[str]:
     return [] if points(variant, p, caps) else diagnose(variant, p, caps)
 
 
-def render(cell: rnncc.CompiledCell, variant: Variant, D: int) -> GeneratedSource:
-    return variant.render(cell.ir, cell.backward_ir, variant.build(problem(cell.ir, D, variant)))
+def render(
+    cell: rnncc.CompiledCell, variant: Variant, D: int, timeline: bool = False
+) -> GeneratedSource:
+    build = variant.build(problem(cell.ir, D, variant, timeline=timeline))
+    return variant.render(cell.ir, cell.backward_ir, build)
 
 
 def compile_cell(text: str) -> Cell:
@@ -206,6 +214,22 @@ def test_wide_grid_blocks_only_for_the_cells_and_sizes_that_fit_them():
     assert not wide("peephole_lstm", 768)  # 2 states and 3 params
 
 
+def test_timeline_kernels_are_a_build_of_their_own():
+    """Calls with per-row lengths or reversed run kernels built with kTimeline (a record key,
+    so a library of its own); full-length forward calls keep the kernels without it."""
+    lstm = example("lstm")
+    for variant in FUSED:
+        plain, timed = render(lstm, variant, 64), render(lstm, variant, 64, timeline=True)
+        assert "  static constexpr bool kTimeline = false;" in plain.text.splitlines()
+        assert "  static constexpr bool kTimeline = true;" in timed.text.splitlines()
+        assert timed.filename == plain.filename.replace(".cu", "_timeline.cu")
+        build = variant.build(problem(lstm.ir, 64, variant, timeline=True))
+        assert build == {**variant.build(problem(lstm.ir, 64, variant)), "timeline": True}
+        assert variant.runs_timeline(build) and not variant.runs_timeline({})
+        assert variant.library_name("lstm", build).endswith("_d64_timeline")
+    assert BY_NAME["stepwise"].runs_timeline(BY_NAME["stepwise"].build(problem(lstm.ir, 64, FFMA)))
+
+
 def test_batch_and_sequence_are_not_compiled_in():
     gru = example("gru")
     for variant in FUSED:
@@ -330,7 +354,18 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
-    return [render(c, v, D) for c, v, D in cases if not ruled_out(c.ir, D, v, caps)]
+    sources = [render(c, v, D) for c, v, D in cases if not ruled_out(c.ir, D, v, caps)]
+    # The kernels of calls with per-row lengths or reversed (kTimeline): the block variants for
+    # every example, the grid tier for three cells and, on Hopper, the LSTM's wide blocks. Not
+    # the GRU at 768: its wide forward kernel of 2 n tiles spills 4 bytes there.
+    timed = [(c, v, 64) for c in cells.values() for v in (FFMA, MMA)]
+    timed += [(cells[n], GRID, 256) for n in ("lstm", "gru", "slstm")]
+    if wide:
+        timed += [(cells["lstm"], GRID, 768)]
+    sources += [
+        render(c, v, D, timeline=True) for c, v, D in timed if not ruled_out(c.ir, D, v, caps)
+    ]
+    return sources
 
 
 #: The architectures every generated kernel must build for, with a device's caps to plan on:

@@ -1,0 +1,65 @@
+"""Per-row lengths and the reverse direction inside the kernels (``pytest -m gpu``): every
+variant, with unsorted lengths (one row full, one of a single step) and reversed, against the
+float64 reference, outputs, last states and all five gradients, the variant asserted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from gpu_reference import case_id, check_against_reference, load_examples, prepare
+
+pytestmark = pytest.mark.gpu
+
+EXAMPLES = [
+    "elman", "gru", "indrnn", "janet", "lru", "lstm", "mgu", "mingru", "minlstm",
+    "peephole_lstm", "slstm", "sru",
+]  # fmt: skip
+
+
+def _cases():
+    # (variant, backend, dtype, B, D, NH, T) and the examples it runs
+    tiers = [
+        ("block_mma", "fused", "bf16", 11, 64, 2, 13, EXAMPLES),
+        ("block_ffma", "fused", "fp32", 5, 32, 1, 9, ["lstm", "gru", "slstm", "sru"]),
+        ("grid_mma", "fused", "bf16", 16, 256, 1, 11, EXAMPLES),
+        ("grid_mma", "fused", "bf16", 16, 768, 1, 9, ["lstm", "gru"]),  # wide blocks
+        ("grid_mma", "fused", "fp16", 70, 768, 1, 7, ["lstm"]),  # narrow, two parts
+        ("stepwise", "stepwise", "bf16", 6, 48, 2, 8, ["lstm", "gru", "slstm"]),
+    ]
+    for variant, backend, dt, B, D, NH, T, examples in tiers:
+        for e in examples:
+            for how in ("lengths", "reverse", "both"):
+                yield {
+                    "example": e, "dtype": dt, "B": B, "D": D, "NH": NH, "T": T,
+                    "variant": variant, "backend": backend, "how": how, "timeline": True,
+                }  # fmt: skip
+
+
+CASES = list(_cases())
+
+
+def _lengths(B: int, T: int) -> torch.Tensor:
+    """Unsorted, in 1..T, with a full row and a row of one step."""
+    g = torch.Generator().manual_seed(B * 1000 + T)
+    lengths = torch.randint(1, T + 1, (B,), generator=g)
+    lengths[0], lengths[-1] = T, 1
+    return lengths
+
+
+@pytest.fixture(scope="module")
+def cells():
+    loaded = load_examples()
+    prepare(loaded, [c for c in CASES if c["backend"] == "fused"])
+    return loaded
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_lengths_and_reverse_match_float64_reference(cells, case):
+    cell = cells[case["example"]]
+    kw: dict = {"reverse": case["how"] != "lengths"}
+    if case["how"] != "reverse":
+        kw["lengths"] = _lengths(case["B"], case["T"]).cuda()
+    plan = check_against_reference(cell, case, case["backend"], **kw)
+    assert plan.variant == case["variant"]
+    if case["backend"] == "fused":
+        assert plan.build.get("timeline") is True
