@@ -256,7 +256,13 @@ def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> 
         "kernels",
     ]
     kernels = sorted(p.name for p in (tmp_path / "pkg" / "kernels").iterdir())
-    assert kernels == ["indrnn_stepwise.cu", "rnncc_abi.h", "rnncc_ops.cuh", "stepwise.cuh"]
+    assert kernels == [
+        "indrnn_stepwise.cu",
+        "rnncc_abi.h",
+        "rnncc_ops.cuh",
+        "stepwise.cuh",
+        "timeline.cuh",
+    ]
 
 
 def test_compile_writes_the_plan_and_the_kernels_it_runs(capsys, tmp_path: Path) -> None:
