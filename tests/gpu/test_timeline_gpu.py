@@ -22,8 +22,17 @@ from rnncc.testing import TOLERANCES
 pytestmark = pytest.mark.gpu
 
 EXAMPLES = [
-    "elman", "gru", "indrnn", "janet", "lru", "lstm", "mgu", "mingru", "minlstm",
-    "peephole_lstm", "sru",
+    "elman",
+    "gru",
+    "indrnn",
+    "janet",
+    "lru",
+    "lstm",
+    "mgu",
+    "mingru",
+    "minlstm",
+    "peephole_lstm",
+    "sru",
 ]  # fmt: skip (the sLSTM: the module docstring)
 
 
