@@ -19,7 +19,7 @@ from typing import TypedDict, overload
 
 import torch
 from torch import nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from rnncc.runtime.api import CompiledCell, load
 from rnncc.runtime.validate import validate_lengths
@@ -197,7 +197,7 @@ class RNN(nn.Module):
                     f"x is a PackedSequence of data shape {_shape(packed.data)}, expected "
                     f"[N, input_size={self.input_size}]"
                 )
-            x, lengths = pad_packed_sequence(packed, batch_first=True)
+            x, lengths = _padded(packed)
         else:
             if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size:
                 order = "[B, T, input_size]" if self.batch_first else "[T, B, input_size]"
@@ -382,12 +382,35 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return None if t is None else t.to(dtype)
 
 
+def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Where each row of ``packed.data`` sits in a padded ``[B, T]`` batch (caller's order),
+    as flat indices ``b * T + t`` (on the data's device), the rows' lengths (CPU int64, the
+    caller's order) and T: one gather converts either way, rather than PyTorch's pack and pad,
+    whose backward copies once per time step."""
+    sizes = packed.batch_sizes
+    T, B = len(sizes), int(sizes[0]) if len(sizes) else 0
+    order = packed.sorted_indices
+    order = torch.arange(B) if order is None else order.cpu()
+    keep = torch.arange(B)[None, :] < sizes[:, None]  # [T, B]: row i of step t is present
+    rows = order[None, :].expand(T, B)[keep]  # time-major, as the packed data
+    steps = torch.arange(T)[:, None].expand(T, B)[keep]
+    lengths_sorted = keep.sum(0)
+    lengths = torch.empty_like(lengths_sorted)
+    lengths[order] = lengths_sorted
+    return (rows * T + steps).to(packed.data.device), lengths, T
+
+
+def _padded(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor]:
+    """``pad_packed_sequence(packed, batch_first=True)`` as one differentiable scatter."""
+    index, lengths, T = _packed_rows(packed)
+    data = packed.data
+    flat = data.new_zeros((len(lengths) * T, data.shape[1])).index_copy(0, index, data)
+    return flat.view(len(lengths), T, data.shape[1]), lengths
+
+
 def _packed_like(out: torch.Tensor, lengths: torch.Tensor, like: PackedSequence) -> PackedSequence:
     """``out`` ``[B, T, F]`` (batch in the caller's order) packed in ``like``'s layout: its
-    batch sizes and sort order, as ``nn.LSTM`` returns a packed output."""
-    order = like.sorted_indices
-    if order is not None:
-        out = out.index_select(0, order.to(out.device))
-        lengths = lengths.index_select(0, order.to(lengths.device))
-    data = pack_padded_sequence(out, lengths.cpu(), batch_first=True).data
+    batch sizes and sort order, as ``nn.LSTM`` returns a packed output; one gather."""
+    index, _, T = _packed_rows(like)
+    data = out[:, :T].reshape(-1, out.shape[-1]).index_select(0, index)
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
