@@ -25,6 +25,7 @@ is never silent). Kernels are built on first use, or by ``prepare``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from collections import OrderedDict
@@ -182,12 +183,17 @@ class CompiledCell:
         *,
         lengths: torch.Tensor | None = None,
         reverse: bool = False,
+        share: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, last)``; the inputs, ``lengths`` and ``reverse`` as in the module docstring."""
+        """``(y, last)``; the inputs, ``lengths`` and ``reverse`` as in the module docstring.
+        ``share``: plan for 1/share of the device's SMs, so that that many calls on separate
+        streams run at once (the two directions of a bidirectional layer: ``share=2``)."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         if not isinstance(reverse, bool):
             raise ValueError(f"reverse must be True or False, got {reverse!r}")
+        if not isinstance(share, int) or isinstance(share, bool) or share < 1:
+            raise ValueError(f"share must be a positive int, got {share!r}")
         sizes = validate(self.ir, Wx, R, b, states, params)
         if lengths is not None:
             lengths = validate_lengths(lengths, sizes.B, sizes.T, Wx.device)
@@ -196,7 +202,7 @@ class CompiledCell:
         if params is None and self.ir.params:
             params = self._declared(sizes, Wx, states=False)
         timeline = lengths is not None or reverse
-        plan = self._choose(backend, Wx, sizes, timeline)
+        plan = self._choose(backend, Wx, sizes, timeline, share)
         if plan is None:
             self.last_backend, self.last_plan = "reference", None
             return run_reference(
@@ -331,11 +337,12 @@ class CompiledCell:
         sizes: Sizes,
         backend: str,
         timeline: bool = False,
+        share: int = 1,
     ) -> Plan:
         """The plan of a call: solved on first use and kept (a device without an index, "the
-        current device", is solved for each time)."""
+        current device", is solved for each time); on 1/share of the device's SMs."""
         B, _, NH, D = sizes
-        key = (device, dtype, B, NH, D, backend, timeline)
+        key = (device, dtype, B, NH, D, backend, timeline, share)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -350,7 +357,10 @@ class CompiledCell:
             "fused": tuple(v for v in VARIANTS if v.host == "fused"),
             "stepwise": (BY_NAME["stepwise"],),
         }[backend]
-        plan = solve(problem, self._caps(device), variants)
+        caps = self._caps(device)
+        if share > 1:
+            caps = dataclasses.replace(caps, sm_count=max(1, caps.sm_count // share))
+        plan = solve(problem, caps, variants)
         if device.index is not None:
             self._plans[key] = plan
         return plan
@@ -379,7 +389,7 @@ class CompiledCell:
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
     def _choose(
-        self, backend: str, Wx: torch.Tensor, sizes: Sizes, timeline: bool = False
+        self, backend: str, Wx: torch.Tensor, sizes: Sizes, timeline: bool = False, share: int = 1
     ) -> Plan | None:
         """The plan of a CUDA call, or None where the reference backend runs it; ``timeline``:
         the call has per-row lengths or runs reversed."""
@@ -398,7 +408,7 @@ class CompiledCell:
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
             try:
-                return self._plan_for(Wx.device, Wx.dtype, sizes, backend, timeline)
+                return self._plan_for(Wx.device, Wx.dtype, sizes, backend, timeline, share)
             except TilingError as err:
                 raise TilingError(
                     f"cell '{self.name}': no fused kernel for head dim {sizes.D}: {err}\n"
@@ -415,7 +425,7 @@ class CompiledCell:
                 ),
             )
             return None
-        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto", timeline)
+        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto", timeline, share)
         if not plan.fused:
             self._warn_once(
                 ("stepwise", sizes.D, Wx.dtype),

@@ -213,7 +213,9 @@ class RNN(nn.Module):
         if lengths is not None:
             if not isinstance(lengths, torch.Tensor):
                 lengths = torch.as_tensor(lengths)
-            lengths = validate_lengths(lengths, B, T, x.device)
+            # Kept on the CPU: each direction's cell call checks them there and copies them
+            # to the GPU without a synchronisation.
+            lengths = validate_lengths(lengths, B, T, torch.device("cpu"))
         init = self._initial_states(states, x, ctype)
         dirs = self.num_directions
         lasts: list[torch.Tensor] = []
@@ -225,14 +227,19 @@ class RNN(nn.Module):
             for layer in range(self.num_layers):
                 if layer and self.dropout:
                     h = nn.functional.dropout(h, self.dropout, self.training)
-                ys = []
-                for d in range(dirs):
-                    k = layer * dirs + d
-                    start = None if init is None else init[:, k]
-                    y, last = self._run(k, h, start, lengths, d == 1, ctype)
-                    ys.append(y)
-                    lasts.append(last)
-                h = ys[0] if dirs == 1 else torch.cat(ys, dim=-1)
+                runs = [
+                    (layer * dirs + d, h, None if init is None else init[:, layer * dirs + d])
+                    for d in range(dirs)
+                ]
+                if dirs == 2 and self._concurrent(h):
+                    outs = self._both_directions(runs, lengths, ctype)
+                else:
+                    outs = [
+                        self._run(k, x_, s, lengths, d == 1, ctype)
+                        for d, (k, x_, s) in enumerate(runs)
+                    ]
+                lasts.extend(last for _, last in outs)
+                h = outs[0][0] if dirs == 1 else torch.cat([y for y, _ in outs], dim=-1)
             last = torch.stack(lasts, dim=1)
             if packed is not None:
                 assert lengths is not None
@@ -256,6 +263,40 @@ class RNN(nn.Module):
         assert isinstance(out, torch.Tensor)
         return (out[:, 0] if self.batch_first else out[0]), last
 
+    def _concurrent(self, x: torch.Tensor) -> bool:
+        """Whether a layer's two directions run at once, on two CUDA streams: on a CUDA
+        backend (not the reference, not inside torch.compile's tracing)."""
+        return (
+            x.is_cuda
+            and self.backend != "reference"
+            and x.dtype != torch.float64
+            and not torch.compiler.is_compiling()
+        )
+
+    def _both_directions(
+        self,
+        runs: list[tuple[int, torch.Tensor, torch.Tensor | None]],
+        lengths: torch.Tensor | None,
+        ctype: torch.dtype,
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """A layer's two directions at once: the reverse one on a side stream, each planned
+        on half the SMs (``share=2``), so that both kernels are resident together. Autograd
+        runs each backward on its forward's stream, so the backwards overlap too."""
+        main = torch.cuda.current_stream(runs[0][1].device)
+        side = _side_stream(runs[0][1].device)
+        side.wait_stream(main)
+        (k0, x0, s0), (k1, x1, s1) = runs
+        with torch.cuda.stream(side):
+            y1, last1 = self._run(k1, x1, s1, lengths, True, ctype, share=2)
+        y0, last0 = self._run(k0, x0, s0, lengths, False, ctype, share=2)
+        main.wait_stream(side)
+        for t in (y1, last1):  # made on the side stream, used (and freed) on the main one
+            t.record_stream(main)
+        for u in (x1, s1, lengths):  # made on the main stream, read on the side one
+            if u is not None and u.is_cuda:
+                u.record_stream(side)
+        return [(y0, last0), (y1, last1)]
+
     def _run(
         self,
         k: int,
@@ -264,9 +305,11 @@ class RNN(nn.Module):
         lengths: torch.Tensor | None,
         reverse: bool,
         ctype: torch.dtype,
+        share: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One (layer, direction): ``x`` ``[B, T, I]`` → ``out`` ``[B, T, O·H]``, ``last``
-        ``[S, B, H]``, every tensor cast to ``ctype`` (autocast's dtype, else the weights')."""
+        ``[S, B, H]``, every tensor cast to ``ctype`` (autocast's dtype, else the weights');
+        planned on 1/share of the SMs."""
         w = self.weights[k]
         assert isinstance(w, CellWeights)
         B, T, _ = x.shape
@@ -287,6 +330,7 @@ class RNN(nn.Module):
             backend=self.backend,
             lengths=lengths,
             reverse=reverse,
+            share=share,
         )
         O = y.shape[0]
         return y.permute(1, 2, 0, 3, 4).reshape(B, T, O * self.hidden_size), last.reshape(
@@ -397,7 +441,10 @@ def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor, in
     lengths_sorted = keep.sum(0)
     lengths = torch.empty_like(lengths_sorted)
     lengths[order] = lengths_sorted
-    return (rows * T + steps).to(packed.data.device), lengths, T
+    index = rows * T + steps
+    if packed.data.is_cuda:  # copied from pinned memory: no wait for the GPU
+        return index.pin_memory().to(packed.data.device, non_blocking=True), lengths, T
+    return index, lengths, T
 
 
 def _padded(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor]:
@@ -414,3 +461,14 @@ def _packed_like(out: torch.Tensor, lengths: torch.Tensor, like: PackedSequence)
     index, _, T = _packed_rows(like)
     data = out[:, :T].reshape(-1, out.shape[-1]).index_select(0, index)
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+
+
+_side_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """The stream a bidirectional layer's reverse direction runs on, one per device, kept."""
+    stream = _side_streams.get(device)
+    if stream is None:
+        stream = _side_streams[device] = torch.cuda.Stream(device)
+    return stream

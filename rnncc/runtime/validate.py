@@ -132,7 +132,9 @@ def validate(
 
 def validate_lengths(lengths: object, B: int, T: int, device: torch.device) -> torch.Tensor:
     """``lengths`` as int64 on ``device``: a tensor ``[B]`` of integers in ``1 .. T``, on any
-    device (reading its values waits for that device)."""
+    device. They are checked where they are: on the CPU without waiting for the GPU, then
+    copied to a CUDA ``device`` from pinned memory without a host synchronisation; on a GPU,
+    reading them waits for it."""
     legend = f"[B={B}] integers in 1..T={T}"
     if not isinstance(lengths, torch.Tensor):
         raise ValueError(f"lengths must be a torch.Tensor {legend}, got {type(lengths).__name__}")
@@ -141,7 +143,7 @@ def validate_lengths(lengths: object, B: int, T: int, device: torch.device) -> t
         raise ValueError(f"lengths has dtype {lengths.dtype}, expected an integer dtype {legend}")
     if tuple(lengths.shape) != (B,):
         raise ValueError(f"lengths has shape {_shape(lengths)} {where}, expected {legend}")
-    out = lengths.to(device=device, dtype=torch.int64)
+    out = lengths.to(dtype=torch.int64)
     if B:
         lo, hi = out.aminmax()
         if lo < 1 or hi > T:
@@ -150,4 +152,8 @@ def validate_lengths(lengths: object, B: int, T: int, device: torch.device) -> t
                 f"lengths[{bad}] = {int(out[bad])} {where} is outside 1..T={T}: every row "
                 f"runs at least one and at most T steps"
             )
-    return out
+    if out.device == device:
+        return out
+    if out.device.type == "cpu" and device.type == "cuda":
+        return out.pin_memory().to(device, non_blocking=True)
+    return out.to(device)
