@@ -32,7 +32,7 @@ class HardwareCaps:
     """Limits and throughputs of one GPU. Throughputs are per SM per clock unless named."""
 
     name: str
-    arch: str  # "sm_90", "sm_80", "sm_89"
+    arch: str  # "sm_90", "sm_80", "sm_86", "sm_89"
     sm_count: int
     regs_per_sm: int  # 32-bit registers
     max_regs_per_thread: int
@@ -161,6 +161,34 @@ TABLE: dict[str, HardwareCaps] = {
     "h200": replace(_H100_SXM, name="NVIDIA H200", hbm_gbs=4800.0),
     "a100": _A100,
     "l40s": _L40S,
+    # GA102 (sm_86): the L40S's per-SM limits (100 KiB of shared memory, 1536 threads), 16
+    # blocks per SM; GeForce Ampere accumulates in fp32 at half the tensor rate.
+    "rtx3090": replace(
+        _L40S,
+        name="NVIDIA GeForce RTX 3090",
+        arch="sm_86",
+        sm_count=82,
+        max_blocks_per_sm=16,
+        gpcs=7,
+        clock_ghz=1.70,
+        mma_fma_per_clk=218,
+        fp32_fma_per_clk=128,
+        l2_gbs=2000.0,
+        hbm_gbs=936.0,
+    ),
+    "a10": replace(
+        _L40S,
+        name="NVIDIA A10",
+        arch="sm_86",
+        sm_count=72,
+        max_blocks_per_sm=16,
+        gpcs=7,
+        clock_ghz=1.70,
+        mma_fma_per_clk=435,
+        fp32_fma_per_clk=128,
+        l2_gbs=2000.0,
+        hbm_gbs=600.0,
+    ),
     # GeForce Ada accumulates in fp32 at half the rate of the L40S.
     "rtx4090": replace(
         _L40S,
@@ -183,6 +211,10 @@ _ALIASES: dict[str, str] = {
     "h200": "h200",
     "sm80": "a100",
     "a100": "a100",
+    "sm86": "rtx3090",
+    "rtx3090": "rtx3090",
+    "3090": "rtx3090",
+    "a10": "a10",
     "sm89": "l40s",
     "ada": "l40s",
     "l40s": "l40s",
@@ -199,10 +231,17 @@ _DEVICE_PATTERNS: tuple[tuple[str, str], ...] = (
     (r"a100", "a100"),
     (r"l40s?\b", "l40s"),
     (r"4090", "rtx4090"),
+    (r"3090", "rtx3090"),
+    (r"\ba10\b", "a10"),
 )
 
 # Compute capability → the entry whose throughputs stand in for an unknown device.
-_ARCH_FALLBACK: dict[tuple[int, int], str] = {(9, 0): "h100-sxm", (8, 9): "l40s", (8, 0): "a100"}
+_ARCH_FALLBACK: dict[tuple[int, int], str] = {
+    (9, 0): "h100-sxm",
+    (8, 9): "l40s",
+    (8, 6): "rtx3090",
+    (8, 0): "a100",
+}
 
 
 def _normalise(name: str) -> str:

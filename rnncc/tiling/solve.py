@@ -85,7 +85,7 @@ def _plan(variant: Variant, problem: Problem, caps: HardwareCaps, point: dict[st
         caps=caps,
         variant=variant.name,
         point=tuple(point.items()),
-        build=variant.build(problem),
+        build=variant.build(problem, caps),
         launch=variant.launch(problem, caps, point),
         cost=variant.cost(problem, caps, point),
         usage=usage,

@@ -122,9 +122,10 @@ class Variant:
         """Each parameter's values; none by default (one point, ``{}``)."""
         return {}
 
-    def build(self, problem: Problem) -> dict[str, Any]:
-        """The compile-time constants of the kernels that run ``problem`` (JSON data): the
-        library is keyed by them, and its kernels are built with them."""
+    def build(self, problem: Problem, caps: HardwareCaps | None = None) -> dict[str, Any]:
+        """The compile-time constants of the kernels that run ``problem`` on the device of
+        ``caps`` (None: an H100's arch) (JSON data): the library is keyed by them, and its
+        kernels are built with them."""
         raise NotImplementedError
 
     def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:

@@ -164,7 +164,7 @@ class BlockMma(Variant):
         ),
     )
 
-    def build(self, problem: Problem) -> dict[str, Any]:
+    def build(self, problem: Problem, caps: HardwareCaps | None = None) -> dict[str, Any]:
         return {
             "variant": self.name,
             "D": problem.head_dim,

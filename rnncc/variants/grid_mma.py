@@ -41,10 +41,15 @@ if TYPE_CHECKING:
 #: The kernels a library holds, (n_tiles, unit_tiles) in the order they are built.
 KERNELS = ((1, 1), (1, 2), (2, 2), (4, 2), (2, 1), (4, 1), (8, 1))
 #: Wide blocks (16 units: 384 threads at most, so 168 registers each, R's fragments 64 of
-#: them) only for cells with at most this many states plus params, up to this head dim;
-#: larger ones spilled in ptxas.
+#: them) only for cells with at most this many states plus params, up to this head dim on
+#: Hopper; larger ones spilled in ptxas.
 WIDE_MAX_STATE_WORDS = 2
 WIDE_MAX_HEAD_DIM = 768
+#: The largest head dim of wide blocks on the other archs (sm_80, sm_86, sm_89), whose ptxas
+#: allocates the wide backward differently: the LSTM's (4 gates, the most of the cells wide
+#: blocks take) built without spills up to 448 units for sm_80 and sm_89, and spilled 56-80
+#: bytes at 512 and 4-80 at 640 and 768.
+WIDE_MAX_HEAD_DIM_BEFORE_HOPPER = 448
 #: Warps a block's product may take: narrow, and wide.
 MAX_WARPS = {1: 32, 2: 12}
 BACKWARD_FACTOR = 1.6
@@ -111,8 +116,16 @@ def blocks_per_head(p: Problem, uw: int) -> int:
     return cdiv(cdiv(p.head_dim, 8), uw)
 
 
-def wide_allowed(p: Problem) -> bool:
-    return p.n_states + p.n_params <= WIDE_MAX_STATE_WORDS and p.head_dim <= WIDE_MAX_HEAD_DIM
+def wide_head_dim_limit(caps: HardwareCaps | None) -> int:
+    """The largest head dim of wide blocks for the arch of ``caps`` (None: Hopper's)."""
+    hopper = caps is None or caps.arch == "sm_90"
+    return WIDE_MAX_HEAD_DIM if hopper else WIDE_MAX_HEAD_DIM_BEFORE_HOPPER
+
+
+def wide_allowed(p: Problem, caps: HardwareCaps | None = None) -> bool:
+    return p.n_states + p.n_params <= WIDE_MAX_STATE_WORDS and p.head_dim <= wide_head_dim_limit(
+        caps
+    )
 
 
 # -- constraints ---------------------------------------------------------------------------
@@ -130,9 +143,12 @@ def head_blocks_co_resident(p: Problem, caps: HardwareCaps, uw: int, bps: int) -
 WARP_REGISTERS = 8192
 
 
-def _kernel_of(p: Problem, nt: int, uw: int) -> tuple[int, dict[str, int]] | None:
-    """The library's kernel of blocks (nt, uw) for ``p``, with its index; None if not built."""
-    for i, k in enumerate(_kernel_table(p, LIBRARY_SMEM)):
+def _kernel_of(
+    p: Problem, nt: int, uw: int, caps: HardwareCaps | None
+) -> tuple[int, dict[str, int]] | None:
+    """The library's kernel of blocks (nt, uw) for ``p`` on the arch of ``caps``, with its
+    index; None if not built."""
+    for i, k in enumerate(_kernel_table(p, LIBRARY_SMEM, caps)):
         if (k["n_tiles"], k["unit_tiles"]) == (nt, uw):
             return i, k
     return None
@@ -141,7 +157,7 @@ def _kernel_of(p: Problem, nt: int, uw: int) -> tuple[int, dict[str, int]] | Non
 def blocks_fit_an_sm(p: Problem, caps: HardwareCaps, nt: int, uw: int, bps: int) -> bool:
     """``bps`` blocks of the kernel fit one SM whatever registers ptxas gave its threads (one
     always does: the kernels' launch bounds cap their registers at the SM's share)."""
-    found = _kernel_of(p, nt, uw)
+    found = _kernel_of(p, nt, uw, caps)
     if found is None:
         return True  # kernel_exists says why
     k = found[1]
@@ -169,7 +185,7 @@ def product_warps(p: Problem, caps: HardwareCaps, uw: int) -> bool:
 
 
 def wide_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:
-    return uw == 1 or wide_allowed(p)
+    return uw == 1 or wide_allowed(p, caps)
 
 
 def kernel_exists(p: Problem, caps: HardwareCaps, nt: int, uw: int) -> bool:
@@ -189,10 +205,11 @@ def batch_tiles_needed(p: Problem, caps: HardwareCaps, nt: int) -> bool:
     return nt == 1 or 8 * (nt // 2) < p.batch
 
 
-def _kernel_table(p: Problem, caps_smem: int) -> list[dict[str, int]]:
+def _kernel_table(p: Problem, caps_smem: int, caps: HardwareCaps | None) -> list[dict[str, int]]:
+    """The kernels a library builds for ``p`` on the arch of ``caps`` (None: Hopper)."""
     table = []
     for nt, uw in KERNELS:
-        if uw == 2 and not wide_allowed(p):
+        if uw == 2 and not wide_allowed(p, caps):
             continue
         fw, bw = forward_warps(p, uw), backward_warps(p, uw)
         if max(fw[0], bw[0]) > MAX_WARPS[uw]:
@@ -276,7 +293,8 @@ class GridMma(Variant):
         Constraint(
             "wide_blocks_fit_registers",
             f"wide blocks (16 units) only for cells of at most {WIDE_MAX_STATE_WORDS} states "
-            f"plus params and head dims ≤ {WIDE_MAX_HEAD_DIM}",
+            f"plus params and head dims ≤ {WIDE_MAX_HEAD_DIM} (Hopper) or "
+            f"{WIDE_MAX_HEAD_DIM_BEFORE_HOPPER} (sm_80, sm_86, sm_89)",
             wide_blocks_fit_registers,
             ("unit_tiles",),
         ),
@@ -333,18 +351,20 @@ class GridMma(Variant):
     def domains(self, problem: Problem, caps: HardwareCaps) -> dict[str, tuple[Any, ...]]:
         return {"n_tiles": (1, 2, 4, 8), "unit_tiles": (1, 2), "blocks_per_sm": (1, 2, 4)}
 
-    def build(self, problem: Problem) -> dict[str, Any]:
+    def build(self, problem: Problem, caps: HardwareCaps | None = None) -> dict[str, Any]:
         return {
             "variant": self.name,
             "D": problem.head_dim,
             "batch_chunk": BATCH_CHUNK,
             "exchange_words": exchange_words(problem),
-            "kernels": _kernel_table(problem, LIBRARY_SMEM),
+            "kernels": _kernel_table(problem, LIBRARY_SMEM, caps),
             **timeline_record(problem),
         }
 
-    def _kernel(self, problem: Problem, point: Point) -> tuple[int, dict[str, int]]:
-        found = _kernel_of(problem, point["n_tiles"], point["unit_tiles"])
+    def _kernel(
+        self, problem: Problem, caps: HardwareCaps, point: Point
+    ) -> tuple[int, dict[str, int]]:
+        found = _kernel_of(problem, point["n_tiles"], point["unit_tiles"], caps)
         if found is None:
             raise ValueError(f"grid_mma builds no kernel for {dict(point)} at {problem.describe()}")
         return found
@@ -361,7 +381,7 @@ class GridMma(Variant):
         return heads, per, cdiv(p.heads, heads) * cdiv(chunks, per)
 
     def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:
-        index, k = self._kernel(problem, point)
+        index, k = self._kernel(problem, caps, point)
         heads, chunks, launches = self._split(problem, caps, point)
         grid = (blocks_per_head(problem, point["unit_tiles"]), heads, chunks)
         b8 = cdiv(problem.batch, 8) * 8

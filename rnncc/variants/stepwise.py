@@ -45,7 +45,7 @@ class Stepwise(Variant):
     dtypes = ("fp32", "fp16", "bf16")
     host = "stepwise"
 
-    def build(self, problem: Problem) -> dict[str, Any]:
+    def build(self, problem: Problem, caps: HardwareCaps | None = None) -> dict[str, Any]:
         return dict(BUILD)
 
     def runs_timeline(self, build: Any) -> bool:

@@ -53,7 +53,9 @@ def test_unknown_arch_names_the_known_ones() -> None:
         ("NVIDIA A100-PCIE-40GB", "a100"),
         ("NVIDIA L40S", "l40s"),
         ("NVIDIA GeForce RTX 4090", "rtx4090"),
-        ("NVIDIA GeForce RTX 3090", None),
+        ("NVIDIA GeForce RTX 3090", "rtx3090"),
+        ("NVIDIA A10", "a10"),
+        ("NVIDIA RTX A6000", None),
     ],
 )
 def test_device_names(device_name: str, key: str | None) -> None:
@@ -104,10 +106,11 @@ def test_reported_properties_override_the_table() -> None:
 
 
 def test_unknown_device_falls_back_to_nearest_arch() -> None:
-    caps = caps_from_properties(_props("NVIDIA GeForce RTX 3090", 8, 6, 82))
-    assert caps.name == "NVIDIA GeForce RTX 3090"
+    caps = caps_from_properties(_props("NVIDIA RTX A6000", 8, 6, 84))
+    assert caps.name == "NVIDIA RTX A6000"
     assert caps.arch == "sm_86"
-    assert caps.sm_count == 82
+    assert caps.sm_count == 84
+    assert caps.smem_per_sm == caps_for_arch("sm_86").smem_per_sm == 100 * 1024
     assert caps.max_cluster_nonportable == 1 and not caps.has_wgmma
     with pytest.raises(TilingError, match="older than"):
         caps_from_properties(_props("Tesla V100", 7, 0, 80))

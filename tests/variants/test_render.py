@@ -48,9 +48,11 @@ def ruled_out(cell: Cell, D: int, variant: Variant, caps=H100) -> list[str]:
 
 
 def render(
-    cell: rnncc.CompiledCell, variant: Variant, D: int, timeline: bool = False
+    cell: rnncc.CompiledCell, variant: Variant, D: int, timeline: bool = False, caps=None
 ) -> GeneratedSource:
-    build = variant.build(problem(cell.ir, D, variant, timeline=timeline))
+    """The library of ``variant`` for ``cell`` at head dim ``D``, built for the arch of
+    ``caps`` (None: Hopper's)."""
+    build = variant.build(problem(cell.ir, D, variant, timeline=timeline), caps)
     return variant.render(cell.ir, cell.backward_ir, build)
 
 
@@ -230,6 +232,26 @@ def test_timeline_kernels_are_a_build_of_their_own():
     assert BY_NAME["stepwise"].runs_timeline(BY_NAME["stepwise"].build(problem(lstm.ir, 64, FFMA)))
 
 
+def test_wide_blocks_before_hopper_only_up_to_the_head_dim_that_builds_without_spills():
+    """On sm_80 and sm_89 the library builds wide blocks up to 448 units (the largest that
+    ptxas gave no spills there: test_nvcc_compiles_every_example_without_spills) and the
+    planner never picks one past it; on Hopper up to 768."""
+    lstm = example("lstm")
+    for device in ("a100", "l40s"):
+        caps = caps_for_arch(device)
+        for D, wide in ((448, True), (512, False), (768, False)):
+            p = problem(lstm.ir, D, GRID)
+            widths = {k["unit_tiles"] for k in GRID.build(p, caps)["kernels"]}
+            assert (2 in widths) == wide, (device, D)
+            assert (2 in {pt["unit_tiles"] for pt in points(GRID, p, caps)}) == wide
+            assert grid_mma.wide_blocks_fit_registers(p, caps, 2) == wide
+            plan = solve(p, caps)
+            assert plan.variant == "grid_mma" and (dict(plan.point)["unit_tiles"] == 2) <= wide
+    p768 = problem(lstm.ir, 768, GRID)
+    assert {k["unit_tiles"] for k in GRID.build(p768, H100)["kernels"]} == {1, 2}
+    assert GRID.build(p768) == GRID.build(p768, H100)
+
+
 def test_batch_and_sequence_are_not_compiled_in():
     gru = example("gru")
     for variant in FUSED:
@@ -344,8 +366,8 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     block variants at two head dims; the grid tier (28 kernels a library: the costly builds)
     at 256 units for every example, at 768 for the largest cells, and at a small head once.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
-    tier at 256 units. Not at 768: there the wide blocks' backward kernels spill on sm_80
-    (4-72 bytes) and sm_89 (64-80 bytes), which the planner does not yet know."""
+    tier at 256 units, and the LSTM's at 448 (the largest head of wide blocks there) and 768
+    (narrow blocks only: wide ones spilled there)."""
     cells = {c.name: c for c in map(rnncc.load, EXAMPLES)}
     dims = (24, 64) if wide else (64,)
     cases = [(c, v, D) for c in cells.values() for D in dims for v in (FFMA, MMA)]
@@ -354,7 +376,9 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
-    sources = [render(c, v, D) for c, v, D in cases if not ruled_out(c.ir, D, v, caps)]
+    else:
+        cases += [(cells["lstm"], GRID, 448), (cells["lstm"], GRID, 768)]
+    sources = [render(c, v, D, caps=caps) for c, v, D in cases if not ruled_out(c.ir, D, v, caps)]
     # The kernels of calls with per-row lengths or reversed (kTimeline), fewer (the suite's
     # time): on Hopper the block variants for every example, the grid tier for the LSTM at 256
     # and 768 units (its wide blocks) and the GRU at 256; elsewhere the LSTM's block and grid
@@ -365,7 +389,9 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     else:
         timed = [(cells["lstm"], v, 64) for v in (FFMA, MMA)] + [(cells["lstm"], GRID, 256)]
     sources += [
-        render(c, v, D, timeline=True) for c, v, D in timed if not ruled_out(c.ir, D, v, caps)
+        render(c, v, D, timeline=True, caps=caps)
+        for c, v, D in timed
+        if not ruled_out(c.ir, D, v, caps)
     ]
     return sources
 
