@@ -227,16 +227,15 @@ class RNN(nn.Module):
             for layer in range(self.num_layers):
                 if layer and self.dropout:
                     h = nn.functional.dropout(h, self.dropout, self.training)
-                runs = [
-                    (layer * dirs + d, h, None if init is None else init[:, layer * dirs + d])
-                    for d in range(dirs)
-                ]
+                ks = [layer * dirs + d for d in range(dirs)]
+                starts = [None if init is None else init[:, k] for k in ks]
+                Wxs = self._project(ks, h, ctype)  # one GEMM for the layer's directions
                 if dirs == 2 and self._concurrent(h):
-                    outs = self._both_directions(runs, lengths, ctype)
+                    outs = self._both_directions(ks, Wxs, starts, lengths, ctype)
                 else:
                     outs = [
-                        self._run(k, x_, s, lengths, d == 1, ctype)
-                        for d, (k, x_, s) in enumerate(runs)
+                        self._recur(k, Wx, s, lengths, d == 1, ctype)
+                        for d, (k, Wx, s) in enumerate(zip(ks, Wxs, starts, strict=True))
                     ]
                 lasts.extend(last for _, last in outs)
                 h = outs[0][0] if dirs == 1 else torch.cat([y for y, _ in outs], dim=-1)
@@ -275,52 +274,75 @@ class RNN(nn.Module):
 
     def _both_directions(
         self,
-        runs: list[tuple[int, torch.Tensor, torch.Tensor | None]],
+        ks: list[int],
+        Wxs: list[torch.Tensor],
+        starts: list[torch.Tensor | None],
         lengths: torch.Tensor | None,
         ctype: torch.dtype,
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """A layer's two directions at once: the reverse one on a side stream, each planned
         on half the SMs (``share=2``), so that both kernels are resident together. Autograd
         runs each backward on its forward's stream, so the backwards overlap too."""
-        main = torch.cuda.current_stream(runs[0][1].device)
-        side = _side_stream(runs[0][1].device)
+        main = torch.cuda.current_stream(Wxs[0].device)
+        side = _side_stream(Wxs[0].device)
         side.wait_stream(main)
-        (k0, x0, s0), (k1, x1, s1) = runs
         with torch.cuda.stream(side):
-            y1, last1 = self._run(k1, x1, s1, lengths, True, ctype, share=2)
-        y0, last0 = self._run(k0, x0, s0, lengths, False, ctype, share=2)
+            y1, last1 = self._recur(ks[1], Wxs[1], starts[1], lengths, True, ctype, share=2)
+        y0, last0 = self._recur(ks[0], Wxs[0], starts[0], lengths, False, ctype, share=2)
         main.wait_stream(side)
         for t in (y1, last1):  # made on the side stream, used (and freed) on the main one
             t.record_stream(main)
-        for u in (x1, s1, lengths):  # made on the main stream, read on the side one
+        for u in (Wxs[1], starts[1], lengths):  # made on the main stream, read on the side one
             if u is not None and u.is_cuda:
                 u.record_stream(side)
         return [(y0, last0), (y1, last1)]
 
-    def _run(
+    def _project(self, ks: list[int], x: torch.Tensor, ctype: torch.dtype) -> list[torch.Tensor]:
+        """W x of the (layer, direction)s ``ks`` from ``x`` ``[B, T, I]``: ``[B, T, Gx, NH, D]``
+        each (contiguous), in ``ctype``; one GEMM for two directions (a batched one)."""
+        B, T, I = x.shape
+        NH, D, G = self.num_heads, self.head_dim, len(self.cell.gx_names)
+        linears = []
+        for k in ks:
+            w = self.weights[k]
+            assert isinstance(w, CellWeights)
+            if w.input_proj is None:  # a cell without W x
+                return [x.new_empty(B, T, 0, NH, D, dtype=ctype) for _ in ks]
+            linears.append(w.input_proj)
+        xc = _cast(x, ctype)
+        if len(linears) == 1:
+            (p,) = linears
+            return [
+                nn.functional.linear(xc, _cast(p.weight, ctype), _cast(p.bias, ctype)).view(
+                    B, T, G, NH, D
+                )
+            ]
+        weight = torch.stack([_cast(p.weight, ctype) for p in linears]).transpose(1, 2)
+        rows = xc.reshape(1, B * T, I).expand(len(linears), B * T, I)
+        if linears[0].bias is None:
+            out = torch.bmm(rows, weight)
+        else:
+            bias = torch.stack([_cast(p.bias, ctype) for p in linears]).unsqueeze(1)
+            out = torch.baddbmm(bias, rows, weight)
+        return [o.view(B, T, G, NH, D) for o in out.unbind(0)]
+
+    def _recur(
         self,
         k: int,
-        x: torch.Tensor,
+        Wx: torch.Tensor,
         states: torch.Tensor | None,
         lengths: torch.Tensor | None,
         reverse: bool,
         ctype: torch.dtype,
         share: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One (layer, direction): ``x`` ``[B, T, I]`` → ``out`` ``[B, T, O·H]``, ``last``
-        ``[S, B, H]``, every tensor cast to ``ctype`` (autocast's dtype, else the weights');
-        planned on 1/share of the SMs."""
+        """One (layer, direction)'s recurrence: ``Wx`` ``[B, T, Gx, NH, D]`` → ``out``
+        ``[B, T, O·H]``, ``last`` ``[S, B, H]``, every tensor cast to ``ctype`` (autocast's
+        dtype, else the weights'); planned on 1/share of the SMs."""
         w = self.weights[k]
         assert isinstance(w, CellWeights)
-        B, T, _ = x.shape
+        B, T = Wx.shape[:2]
         NH, D, S = self.num_heads, self.head_dim, len(self.cell.state_names)
-        if w.input_proj is not None:
-            proj = w.input_proj
-            Wx = nn.functional.linear(
-                _cast(x, ctype), _cast(proj.weight, ctype), _cast(proj.bias, ctype)
-            ).view(B, T, len(self.cell.gx_names), NH, D)
-        else:
-            Wx = x.new_empty(B, T, 0, NH, D, dtype=ctype)
         y, last = self.cell(
             Wx,
             _cast(w.R, ctype),

@@ -366,8 +366,9 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     block variants at two head dims; the grid tier (28 kernels a library: the costly builds)
     at 256 units for every example, at 768 for the largest cells, and at a small head once.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
-    tier at 256 units, and the LSTM's at 448 (the largest head of wide blocks there) and 768
-    (narrow blocks only: wide ones spilled there)."""
+    tier at 256 units, and the LSTM's at 448 (the largest head of wide blocks there) and, on
+    sm_80, 768 (narrow blocks only: wide ones spilled there). Fewer than on Hopper: the suite's
+    time."""
     cells = {c.name: c for c in map(rnncc.load, EXAMPLES)}
     dims = (24, 64) if wide else (64,)
     cases = [(c, v, D) for c in cells.values() for D in dims for v in (FFMA, MMA)]
@@ -377,15 +378,17 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
     else:
-        cases += [(cells["lstm"], GRID, 448), (cells["lstm"], GRID, 768)]
+        cases += [(cells["lstm"], GRID, 448)]
+        if caps.arch == "sm_80":
+            cases += [(cells["lstm"], GRID, 768)]
     sources = [render(c, v, D, caps=caps) for c, v, D in cases if not ruled_out(c.ir, D, v, caps)]
     # The kernels of calls with per-row lengths or reversed (kTimeline), fewer (the suite's
-    # time): on Hopper the block variants for every example, the grid tier for the LSTM at 256
-    # and 768 units (its wide blocks) and the GRU at 256; elsewhere the LSTM's block and grid
-    # kernels. Not the GRU at 768: its wide forward kernel of 2 n tiles spills 4 bytes there.
+    # time): on Hopper the block variants for every example and the LSTM's grid tier at 256
+    # and 768 units (its wide blocks); elsewhere the LSTM's block and grid kernels. Not the
+    # GRU at 768: its wide forward kernel of 2 n tiles spills 4 bytes there.
     if wide:
         timed = [(c, v, 64) for c in cells.values() for v in (FFMA, MMA)]
-        timed += [(cells[n], GRID, 256) for n in ("lstm", "gru")] + [(cells["lstm"], GRID, 768)]
+        timed += [(cells["lstm"], GRID, 256), (cells["lstm"], GRID, 768)]
     else:
         timed = [(cells["lstm"], v, 64) for v in (FFMA, MMA)] + [(cells["lstm"], GRID, 256)]
     sources += [
