@@ -280,20 +280,15 @@ struct Kernels : MmaCommon<C> {
   // The copies of one backward input (kParts parts x kBC rows of kLen bytes, kRow bytes apart in a
   // slot from kOff on) that this thread issues, piece j of row r of a part each, with their
   // addresses worked out once: a step adds its offset.
-  // kTimed: the input is at a row's positions (W x, dy; kTimeline), not at the step.
-  template <int kParts, int kLen, int kRow, int kOff, bool kTimed = false>
-  struct InCopies {
-    static constexpr int kPieces = kLen / kWxChunk;
-    static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
-    const unsigned char* src[kMine > 0 ? kMine : 1];
-    unsigned dst[kMine > 0 ? kMine : 1];
-    bool ok[kMine > 0 ? kMine : 1], mine[kMine > 0 ? kMine : 1];
-    long long step;  // bytes between steps
-    int len[kTimed && kMine > 0 ? kMine : 1];  // the copies' row lengths (kTimed)
+  // Where step t of a set of copies reads or writes, per copy i (piece j of row r of a part):
+  // at the step, or (kTimed: W x, dy and dWx under kTimeline) at row b0 + r's position of it.
+  template <int kMine, int kPieces, bool kTimed>
+  struct CopyTimes {
+    int len[kTimed && kMine > 0 ? kMine : 1];  // the copies' row lengths
     int rev;
 
-    // The rows' lengths, row r of the copies at batch row b0 + r (kTimed).
-    __device__ __forceinline__ void timeline(const rnncc_fused_bwd_args& a, const int b0) {
+    __device__ __forceinline__ void timeline(const rnncc_fused_bwd_args& a, const int b0,
+                                             const bool (&ok)[kMine > 0 ? kMine : 1]) {
       rev = a.reverse;
 #pragma unroll
       for (int i = 0; i < kMine; ++i) {
@@ -301,6 +296,24 @@ struct Kernels : MmaCommon<C> {
         len[i] = rnncc::row_length(a.lengths, a.T, b0 + r, ok[i]);
       }
     }
+    __device__ __forceinline__ int at(const int i, const int t) const {
+      if constexpr (kTimed) {
+        return rnncc::position(len[i], rev, t);
+      } else {
+        return t;
+      }
+    }
+  };
+
+  // kTimed: the input is at a row's positions (W x, dy; kTimeline), not at the step.
+  template <int kParts, int kLen, int kRow, int kOff, bool kTimed = false>
+  struct InCopies : CopyTimes<(kParts * kBC * (kLen / kWxChunk) + kMmaThreads - 1) / kMmaThreads, kLen / kWxChunk, kTimed> {
+    static constexpr int kPieces = kLen / kWxChunk;
+    static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
+    const unsigned char* src[kMine > 0 ? kMine : 1];
+    unsigned dst[kMine > 0 ? kMine : 1];
+    bool ok[kMine > 0 ? kMine : 1], mine[kMine > 0 ? kMine : 1];
+    long long step;  // bytes between steps
 
     // p: row 0 of part 0 at step 0; rows past `rows` are zero-filled.
     template <typename E>
@@ -321,7 +334,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
       for (int i = 0; i < kMine; ++i) {
         if (!mine[i]) continue;
-        const long long at = (long long)(kTimed ? rnncc::position(len[i], rev, t) : t) * step;
+        const long long at = (long long)this->at(i, t) * step;
         if constexpr (kWxChunk >= 4) {
           rnncc::cp_async<kWxChunk>(dst[i] + slot, src[i] + at, ok[i]);
         } else {  // an odd head dim: 2-byte pieces, loaded and stored
@@ -362,7 +375,7 @@ struct Kernels : MmaCommon<C> {
   // worked out once; a step adds its offset.
   // kTimed: the output is at a row's positions (dWx; kTimeline), not at the step.
   template <int kParts, int kLen, int kSrcRow, int kSrcPart, bool kTimed = false>
-  struct OutCopies {
+  struct OutCopies : CopyTimes<(kParts * kBC * (kLen / kWxChunk) + kMmaThreads - 1) / kMmaThreads, kLen / kWxChunk, kTimed> {
     static constexpr int kPieces = kLen / kWxChunk;
     static constexpr int kMine = (kParts * kBC * kPieces + kMmaThreads - 1) / kMmaThreads;
     using Piece = typename rnncc::Bytes<kWxChunk>::type;
@@ -370,18 +383,6 @@ struct Kernels : MmaCommon<C> {
     unsigned src[kMine > 0 ? kMine : 1];  // offset in the buffer
     bool ok[kMine > 0 ? kMine : 1];
     long long step;  // bytes between steps
-    int len[kTimed && kMine > 0 ? kMine : 1];  // the copies' row lengths (kTimed)
-    int rev;
-
-    // The rows' lengths, row r of the copies at batch row b0 + r (kTimed).
-    __device__ __forceinline__ void timeline(const rnncc_fused_bwd_args& a, const int b0) {
-      rev = a.reverse;
-#pragma unroll
-      for (int i = 0; i < kMine; ++i) {
-        const int r = (threadIdx.x + i * kMmaThreads) / kPieces % kBC;
-        len[i] = rnncc::row_length(a.lengths, a.T, b0 + r, ok[i]);
-      }
-    }
 
     // p: row 0 of part 0 at step 0; rows past `rows` are not stored.
     template <typename E>
@@ -401,7 +402,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
       for (int i = 0; i < kMine; ++i)
         if (ok[i])
-          *reinterpret_cast<Piece*>(dst[i] + (long long)(kTimed ? rnncc::position(len[i], rev, t) : t) * step) =
+          *reinterpret_cast<Piece*>(dst[i] + (long long)this->at(i, t) * step) =
               *reinterpret_cast<const Piece*>(buf + src[i]);
     }
   };
@@ -481,9 +482,9 @@ struct Kernels : MmaCommon<C> {
       ox.init(static_cast<T*>(a.dWx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2);
       og.init(static_cast<T*>(a.dGr) + (n * TT * B + b0) * kRows, B - b0, kD * 2, kRows * 2, B * kRows * 2);
       if constexpr (kTimeline) {
-        cx.timeline(a, b0);
-        cy.timeline(a, b0);
-        ox.timeline(a, b0);
+        cx.timeline(a, b0, cx.ok);
+        cy.timeline(a, b0, cy.ok);
+        ox.timeline(a, b0, ox.ok);
       }
     }
     auto copy_inputs = [&](const int t) {

@@ -146,6 +146,21 @@ _L40S = replace(
     l2_gbs=3000.0,
     hbm_gbs=864.0,
 )
+# GA102 (sm_86): the L40S's per-SM limits (100 KiB of shared memory, 1536 threads), 16 blocks
+# per SM; GeForce Ampere accumulates in fp32 at half the tensor rate.
+_RTX3090 = replace(
+    _L40S,
+    name="NVIDIA GeForce RTX 3090",
+    arch="sm_86",
+    sm_count=82,
+    max_blocks_per_sm=16,
+    gpcs=7,
+    clock_ghz=1.70,
+    mma_fma_per_clk=218,
+    fp32_fma_per_clk=128,
+    l2_gbs=2000.0,
+    hbm_gbs=936.0,
+)
 
 TABLE: dict[str, HardwareCaps] = {
     "h100-sxm": _H100_SXM,
@@ -161,34 +176,9 @@ TABLE: dict[str, HardwareCaps] = {
     "h200": replace(_H100_SXM, name="NVIDIA H200", hbm_gbs=4800.0),
     "a100": _A100,
     "l40s": _L40S,
-    # GA102 (sm_86): the L40S's per-SM limits (100 KiB of shared memory, 1536 threads), 16
-    # blocks per SM; GeForce Ampere accumulates in fp32 at half the tensor rate.
-    "rtx3090": replace(
-        _L40S,
-        name="NVIDIA GeForce RTX 3090",
-        arch="sm_86",
-        sm_count=82,
-        max_blocks_per_sm=16,
-        gpcs=7,
-        clock_ghz=1.70,
-        mma_fma_per_clk=218,
-        fp32_fma_per_clk=128,
-        l2_gbs=2000.0,
-        hbm_gbs=936.0,
-    ),
-    "a10": replace(
-        _L40S,
-        name="NVIDIA A10",
-        arch="sm_86",
-        sm_count=72,
-        max_blocks_per_sm=16,
-        gpcs=7,
-        clock_ghz=1.70,
-        mma_fma_per_clk=435,
-        fp32_fma_per_clk=128,
-        l2_gbs=2000.0,
-        hbm_gbs=600.0,
-    ),
+    "rtx3090": _RTX3090,
+    # The A10 (GA102 too) accumulates in fp32 at the full tensor rate.
+    "a10": replace(_RTX3090, name="NVIDIA A10", sm_count=72, mma_fma_per_clk=435, hbm_gbs=600.0),
     # GeForce Ada accumulates in fp32 at half the rate of the L40S.
     "rtx4090": replace(
         _L40S,
