@@ -3,13 +3,18 @@
 A ``CompiledCell`` holds the checked forward IR and its derived backward IR and is called
 like a function of tensors::
 
-    y, last = cell(Wx, R, b, states=None, params=None, backend="auto", lengths=None, reverse=False)
+    y, last = cell(
+        Wx, R, b, states=None, params=None, backend="auto", lengths=None, reverse=False, share=1
+    )
 
 ``lengths`` (``[B]`` integers in ``1 .. T``, any device): row ``b`` runs steps
 ``0 .. lengths[b]-1``; its outputs at positions ``≥ lengths[b]`` are 0 and its ``last`` holds
 the states after its own last step. ``reverse=True``: row ``b`` consumes ``Wx[b, L-1]``, ...,
 ``Wx[b, 0]`` (``L = lengths[b]``, or ``T``) and the output made while consuming position ``t``
-is stored at ``y[:, b, t]``, as in the reverse direction of ``torch.nn.LSTM``.
+is stored at ``y[:, b, t]``, as in the reverse direction of ``torch.nn.LSTM``. On the CUDA
+backends both run inside the kernels: the fused variants' plan (``timeline``) picks kernels
+built for them. ``share=n`` plans on 1/n of the GPU's SMs, so that n calls on separate streams
+run at once (a bidirectional ``RNN`` layer's two directions).
 
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
 shape, dtype or device), fills defaults (declared initial states and params, made once per
