@@ -251,7 +251,12 @@ def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
         raise RnnccError(f"--batch must be positive, got {args.batch}")
     caps = _target_caps(args) or caps_for_device()
     problem = Problem.from_cell(
-        cell, heads=heads, head_dim=hidden // heads, batch=args.batch, dtype=args.dtype
+        cell,
+        heads=heads,
+        head_dim=hidden // heads,
+        batch=args.batch,
+        dtype=args.dtype,
+        timeline=args.timeline,
     )
     return solve(problem, caps)
 
@@ -315,6 +320,12 @@ def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
         metavar="NAME",
         help='target GPU by name, as torch reports it: "A100 80GB", "L40S", "RTX 4090", '
         '"H100 PCIe" (its SMs, shared memory, registers; with --arch, the two must agree)',
+    )
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="the kernels of calls with per-row lengths or reversed (packed and bidirectional "
+        "layers)",
     )
 
 

@@ -313,6 +313,14 @@ def test_plan_explains_the_variant_and_its_launch(capsys) -> None:
         capsys, "plan", lstm, "--hidden", "64", "--dtype", "fp32", "--json", "--arch", "h100"
     )
     assert rc == 0 and '"variant": "block_ffma"' in out
+    rc, out, err = run(
+        capsys, "plan", lstm, "--hidden", "64", "--timeline", "--json", "--arch", "h100"
+    )
+    assert rc == 0 and '"timeline": true' in out and '"variant": "block_mma"' in out
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "768", "--timeline", "--arch", "h100")
+    assert out.splitlines()[0].endswith(
+        "bf16, per-row lengths or reversed on NVIDIA H100 SXM (sm_90, 132 SMs)"
+    )
 
 
 def test_plan_usage_errors(capsys) -> None:
