@@ -184,8 +184,11 @@ struct Kernels : MmaCommon<C> {
     // wide kernels have no registers to spare (kept in registers or read from global memory
     // where used, they spilled 4 to 52 bytes).
     __shared__ int lsm[kTimeline ? 8 * NT : 1];
-    if (kTimeline && threadIdx.x < 8 * NT) lsm[threadIdx.x] = rnncc::row_length(a.lengths, a.T, b0 + threadIdx.x, b0 + (int)threadIdx.x < a.B);
-    __syncthreads();
+    if constexpr (kTimeline) {  // (the full-length kernels take no barrier for it)
+      const int r = threadIdx.x, gb = b0 + r;
+      if (r < 8 * NT) lsm[r] = rnncc::row_length(a.lengths, a.T, gb, gb < a.B);
+      __syncthreads();
+    }
     auto len = [&](const int q) { return lsm[r0 + q]; };
 #pragma unroll
     for (int q = 0; q < kQ; ++q) {

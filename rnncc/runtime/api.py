@@ -200,14 +200,14 @@ class CompiledCell:
         if not isinstance(share, int) or isinstance(share, bool) or share < 1:
             raise ValueError(f"share must be a positive int, got {share!r}")
         sizes = validate(self.ir, Wx, R, b, states, params)
-        if lengths is not None:
-            lengths = validate_lengths(lengths, sizes.B, sizes.T, Wx.device)
+        plan = self._choose(backend, Wx, sizes, lengths is not None or reverse, share)
+        if lengths is not None:  # int32 where the kernels read them
+            dtype = torch.int64 if plan is None else torch.int32
+            lengths = validate_lengths(lengths, sizes.B, sizes.T, Wx.device, dtype)
         if states is None:
             states = self._declared(sizes, Wx, states=True)
         if params is None and self.ir.params:
             params = self._declared(sizes, Wx, states=False)
-        timeline = lengths is not None or reverse
-        plan = self._choose(backend, Wx, sizes, timeline, share)
         if plan is None:
             self.last_backend, self.last_plan = "reference", None
             return run_reference(
@@ -224,8 +224,6 @@ class CompiledCell:
         ops = self._ops_for(Wx.device, plan)
         self.last_backend = "fused" if plan.fused else "stepwise"
         self.last_plan = plan
-        if lengths is not None:
-            lengths = lengths.to(dtype=torch.int32).contiguous()  # as the kernels read them
         return ops(Wx, R, b, states, params, plan.launch, lengths, reverse)
 
     def step(

@@ -130,8 +130,10 @@ def validate(
     return Sizes(B, T, NH, D)
 
 
-def validate_lengths(lengths: object, B: int, T: int, device: torch.device) -> torch.Tensor:
-    """``lengths`` as int64 on ``device``: a tensor ``[B]`` of integers in ``1 .. T``, on any
+def validate_lengths(
+    lengths: object, B: int, T: int, device: torch.device, dtype: torch.dtype = torch.int64
+) -> torch.Tensor:
+    """``lengths`` as ``dtype`` on ``device``: a tensor ``[B]`` of integers in ``1 .. T``, on any
     device. They are checked where they are: on the CPU without waiting for the GPU, then
     copied to a CUDA ``device`` from pinned memory without a host synchronisation; on a GPU,
     reading them waits for it."""
@@ -152,6 +154,7 @@ def validate_lengths(lengths: object, B: int, T: int, device: torch.device) -> t
                 f"lengths[{bad}] = {int(out[bad])} {where} is outside 1..T={T}: every row "
                 f"runs at least one and at most T steps"
             )
+    out = out.to(dtype=dtype).contiguous()
     if out.device == device:
         return out
     if out.device.type == "cpu" and device.type == "cuda":
