@@ -110,6 +110,7 @@ struct Kernels {
     const int tid = threadIdx.x;
     const int n = blockIdx.x;
     const int b0 = blockIdx.y * kBC;
+    const int rev = kTimeline && rnncc::reversed(a, n);  // this head runs reversed
     const long long NHD = (long long)a.NH * kD;
     const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
     const T* states = static_cast<const T*>(a.states);
@@ -153,7 +154,7 @@ struct Kernels {
       for (int q = 0; q < kElemsPerThread; ++q) {
         const int j = tid + q * kThreads;
         const int b = j / kD, d = j % kD, gb = b0 + b;
-        const int p = kTimeline ? rnncc::position(len[q], a.reverse, t) : t;
+        const int p = kTimeline ? rnncc::position(len[q], rev, t) : t;
         const T* Wx = static_cast<const T*>(a.Wx) + (((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD + d;
 #pragma unroll
         for (int k = 0; k < kGx; ++k) wxv[k][q] = (j < kElems && gb < a.B) ? rnncc::to_float(Wx[k * NHD]) : 0.0f;
@@ -192,7 +193,7 @@ struct Kernels {
           float next[kS];
           C::forward(ForwardIn{st, wxv, rhs, bv, pv, q, b, d}, next);
           const bool on = !kTimeline || t < len[q];  // else a held step: states kept, outputs 0
-          const int p = kTimeline ? rnncc::position(len[q], a.reverse, t) : t;
+          const int p = kTimeline ? rnncc::position(len[q], rev, t) : t;
 #pragma unroll
           for (int s = 0; s < kS; ++s) {
             if (!on) next[s] = st[s][q];
@@ -241,6 +242,7 @@ struct Kernels {
     const int tid = threadIdx.x;
     const int n = blockIdx.x;
     const int b0 = blockIdx.y * kBC;
+    const int rev = kTimeline && rnncc::reversed(a, n);  // this head runs reversed
     const long long NHD = (long long)a.NH * kD;
     const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
     const int me = tid % kD, grp = tid / kD;
@@ -304,7 +306,7 @@ struct Kernels {
             static_cast<T*>(a.dGr)[at.grow * kRows + r * kD + d] = rnncc::from_float<T>(0.0f);
           }
         } else if (j < kElems && gb < a.B) {
-          const BackwardAt at(a, t, kTimeline ? rnncc::position(len[q], a.reverse, t) : t, n, gb, d, q);
+          const BackwardAt at(a, t, kTimeline ? rnncc::position(len[q], rev, t) : t, n, gb, d, q);
           C::backward(BackwardIn<T>{at, bv, pv, ds}, BackwardOut<T>{at, nd, dgs, gbacc, pacc, b});
         } else if (j < kElems) {
 #pragma unroll

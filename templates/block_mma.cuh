@@ -92,6 +92,7 @@ struct Kernels : MmaCommon<C> {
     const int n = blockIdx.x;
     const int b0 = blockIdx.y * kBC;
     const long long NHD = (long long)a.NH * kD;
+    const int rev = kTimeline && rnncc::reversed(a, n);  // this head runs reversed
 
     // This thread's copies of W x: piece j of gate k of batch row r, from step 0 of the input.
     // Rows past the batch are zero-filled.
@@ -116,7 +117,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
         for (int i = 0; i < kWxMine; ++i) {
           if (!wmine[i]) continue;
-          const long long off = (long long)(kTimeline ? rnncc::position(wlen[i], a.reverse, t) : t) * kGx * NHD * 2;
+          const long long off = (long long)(kTimeline ? rnncc::position(wlen[i], rev, t) : t) * kGx * NHD * 2;
           if constexpr (kWxChunk >= 4) {
             rnncc::cp_async<kWxChunk>(wdst[i] + slot, wsrc[i] + off, wok[i]);
           } else {  // an odd head dim: 2-byte pieces, which cp.async cannot copy, loaded and stored
@@ -233,7 +234,7 @@ struct Kernels : MmaCommon<C> {
           C::forward(ForwardIn<T>{st, wxv, acc, bv, pv, q}, next);
           if constexpr (kTimeline) {
             const bool on = t < len[q];  // else a held step: states kept, outputs 0 (at position t)
-            T* const y = yp[q] + (long long)(rnncc::position(len[q], a.reverse, t) - t) * NHD;
+            T* const y = yp[q] + (long long)(rnncc::position(len[q], rev, t) - t) * NHD;
 #pragma unroll
             for (int s = 0; s < kS; ++s) {
               if (!on) next[s] = st[s][q];
@@ -287,9 +288,9 @@ struct Kernels : MmaCommon<C> {
     int len[kTimed && kMine > 0 ? kMine : 1];  // the copies' row lengths
     int rev;
 
-    __device__ __forceinline__ void timeline(const rnncc_fused_bwd_args& a, const int b0,
+    __device__ __forceinline__ void timeline(const rnncc_fused_bwd_args& a, const int n, const int b0,
                                              const bool (&ok)[kMine > 0 ? kMine : 1]) {
-      rev = a.reverse;
+      rev = rnncc::reversed(a, n);
 #pragma unroll
       for (int i = 0; i < kMine; ++i) {
         const int r = (threadIdx.x + i * kMmaThreads) / kPieces % kBC;
@@ -482,9 +483,9 @@ struct Kernels : MmaCommon<C> {
       ox.init(static_cast<T*>(a.dWx) + b0 * TT * kGx * NHDb + n * kD, B - b0, NHDb * 2, TT * kGx * NHDb * 2, kGx * NHDb * 2);
       og.init(static_cast<T*>(a.dGr) + (n * TT * B + b0) * kRows, B - b0, kD * 2, kRows * 2, B * kRows * 2);
       if constexpr (kTimeline) {
-        cx.timeline(a, b0, cx.ok);
-        cy.timeline(a, b0, cy.ok);
-        ox.timeline(a, b0, ox.ok);
+        cx.timeline(a, n, b0, cx.ok);
+        cy.timeline(a, n, b0, cy.ok);
+        ox.timeline(a, n, b0, ox.ok);
       }
     }
     auto copy_inputs = [&](const int t) {

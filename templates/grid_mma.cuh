@@ -222,7 +222,7 @@ struct Kernels : MmaCommon<C> {
       for (int q = 0; q < kQ; ++q) {
         const int gb = b0 + r0 + q;
         const bool live = unit && gb < a.B;
-        const long long step_off = (long long)(kTimeline ? rnncc::position(len(q), a.reverse, tc) : tc) * kGx * NHD;
+        const long long step_off = (long long)(kTimeline ? rnncc::position(len(q), rnncc::reversed(a, n), tc) : tc) * kGx * NHD;
         const long long at = (long long)gb * a.T * kGx * NHD + (long long)n * kD + d + step_off;
         const unsigned short* Wx = static_cast<const unsigned short*>(a.Wx) + (live ? at : 0);
 #pragma unroll
@@ -234,7 +234,7 @@ struct Kernels : MmaCommon<C> {
     wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
                (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
     auto step = [&](const int t, WxRegs& wxv) {
-      if (t + kL2Ahead < a.T && !(kTimeline && a.reverse)) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
+      if (t + kL2Ahead < a.T && !(kTimeline && rnncc::reversed(a, n))) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
       for (int hf = 0; hf < kSplit; ++hf) {
         if (b0 + 8 * kNTh * hf >= a.B) break;  // a part wholly past the batch (uniform in the block)
         if (kGr > 0) {
@@ -303,7 +303,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int q = 0; q < kQ; ++q) {
             const int gb = b0 + r0 + q;
-            const int p = kTimeline ? rnncc::position(len(q), a.reverse, t) : t;
+            const int p = kTimeline ? rnncc::position(len(q), rnncc::reversed(a, n), t) : t;
             yp[q] = Y + ((long long)gb * a.T + p) * NHD + (long long)n * kD + d;
           }
 #pragma unroll
@@ -428,7 +428,8 @@ struct Kernels : MmaCommon<C> {
     }
     float ds[kS][2];
     SumOverTime sums;
-    const int len = kTimeline ? rnncc::row_length(a.lengths, a.T, gb, cell && gb < a.B) : 0;  // the lane's row's
+    // the lane's row's length, negative in a reversed head (one register: rnncc::signed_length)
+    const int len = kTimeline ? rnncc::signed_length(rnncc::row_length(a.lengths, a.T, gb, cell && gb < a.B), rnncc::reversed(a, n)) : 0;
 #pragma unroll
     for (int q = 0; q < 2; ++q) {
       const int d = d0 + q;
@@ -442,7 +443,7 @@ struct Kernels : MmaCommon<C> {
     typedef StepInputs<T> Inputs;
     const long long yO = (long long)a.B * a.T * NHD;
     auto load_inputs = [&](const int t, Inputs& in) {
-      if (t >= 0 && cell) load_step_inputs(a, t, kTimeline ? rnncc::position(len, a.reverse, t) : t, n, gb, d0, in);
+      if (t >= 0 && cell) load_step_inputs(a, t, kTimeline ? rnncc::signed_position(len, t) : t, n, gb, d0, in);
     };
     const int units = kD - d_blk < kUnits ? kD - d_blk : kUnits;
     // Step t's inputs of this block's units into L2: the addresses of step 0, moved per step.
@@ -462,7 +463,7 @@ struct Kernels : MmaCommon<C> {
     auto prefetch = [&](const int t) {
       hist_l2.prefetch((long long)t * kS * NB * kD * (long long)sizeof(float));
       if (kGr > 0) rh_l2.prefetch((long long)t * NB * kRows * (long long)sizeof(float));
-      if (!(kTimeline && a.reverse)) {
+      if (!(kTimeline && len < 0)) {  // not in a reversed head
         wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
         dy_l2.prefetch((long long)t * NHD * (long long)sizeof(T));
       }
@@ -483,8 +484,8 @@ struct Kernels : MmaCommon<C> {
             C::backward(BackwardIn<T, kUnits>{cur, &bsm[0][d - d_blk], &psm[0][d - d_blk], ds, q}, BackwardOut{nd, o, q});
           }
         }
-        if (kTimeline && t >= len) hold(ds, nd, o);
-        const int p = kTimeline ? rnncc::position(len, a.reverse, t) : t;
+        if (kTimeline && t >= abs(len)) hold(ds, nd, o);
+        const int p = kTimeline ? rnncc::signed_position(len, t) : t;
         T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD;
         T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
         const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;

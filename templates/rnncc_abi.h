@@ -10,15 +10,16 @@
 //   dP        [NH, B, P * D]     float32
 //
 // Every kernel runs T steps. With `lengths` (int32 [B], each in 1..T; null: all T) and
-// `reverse` (0 or 1), step t of batch row b with L = lengths[b] is live while t < L and reads
-// and writes sequence position pos = reverse ? L - 1 - t : t (of Wx, y and their cotangents);
-// a step past L holds the row's states (the backward passes their cotangents through), writes
-// 0 to y (and dWx) at position t and nothing else. Per-step buffers (Rh, hist, rh, dGr) stay
-// indexed by the step t.
+// `reverse_from` (0..NH: heads h >= reverse_from run in the reverse direction; NH: none, 0:
+// all), step t of batch row b with L = lengths[b] is live while t < L and, in head h, reads
+// and writes sequence position pos = h >= reverse_from ? L - 1 - t : t (of Wx, y and their
+// cotangents); a step past L holds the row's states (the backward passes their cotangents
+// through), writes 0 to y (and dWx) at position t and nothing else. Per-step buffers (Rh,
+// hist, rh, dGr) stay indexed by the step t.
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 9
+#define RNNCC_ABI_VERSION 10
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -27,7 +28,7 @@ typedef struct rnncc_step_args {
   int t;            // the step
   int dtype;        // rnncc_dtype of the storage tensors
   const int* lengths;  // per batch row, or null (above)
-  int reverse;
+  int reverse_from;  // the first reversed head (above)
   // forward and backward inputs
   const void* Wx;
   const float* Rh;
@@ -71,7 +72,7 @@ typedef struct rnncc_fused_args {
   int B, T, NH, D;
   int dtype;
   const int* lengths;  // per batch row, or null (above); only kernels built with C::kTimeline read them
-  int reverse;
+  int reverse_from;  // the first reversed head (above)
   const void* Wx;
   const void* R;
   const void* bias;
@@ -98,7 +99,7 @@ typedef struct rnncc_fused_bwd_args {
   int B, T, NH, D;
   int dtype;
   const int* lengths;  // as in the forward
-  int reverse;
+  int reverse_from;  // the first reversed head (above)
   const void* Wx;
   const void* R;
   const void* bias;

@@ -35,7 +35,7 @@ struct Kernels {
       const int b = (int)((i / a.D) % a.B), n = (int)(i / ((long long)a.D * a.B));
       const int L = row_length(a.lengths, a.T, b, i < NBD);
       live = a.t < L;
-      const long long bt = (long long)b * a.T + position(L, a.reverse, a.t);
+      const long long bt = (long long)b * a.T + position(L, reversed(a, n), a.t);
       hd = (long long)n * a.D + d;
       x = bt * kGx * NHD + hd;
       y = bt * NHD + hd;

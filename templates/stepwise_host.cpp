@@ -79,10 +79,10 @@ float* fptr(const at::Tensor& t) { return t.defined() && t.numel() ? t.data_ptr<
 
 at::Tensor opt(const c10::optional<at::Tensor>& t) { return t.has_value() ? t->contiguous() : at::Tensor(); }
 
-// The per-row lengths and the direction into a kernel's arguments (rnncc_abi.h): lengths int32
-// [B] on the device of Wx (the Python side converts them), or none.
+// The per-row lengths and the directions into a kernel's arguments (rnncc_abi.h): lengths int32
+// [B] on the device of Wx (the Python side converts them), or none; heads reverse_from.. reversed.
 template <typename Args>
-void set_timeline(Args& a, const c10::optional<at::Tensor>& lengths, bool reverse, const at::Tensor& Wx) {
+void set_timeline(Args& a, const c10::optional<at::Tensor>& lengths, int64_t reverse_from, const at::Tensor& Wx) {
   a.lengths = nullptr;
   if (lengths.has_value()) {
     const at::Tensor& l = *lengths;
@@ -91,7 +91,9 @@ void set_timeline(Args& a, const c10::optional<at::Tensor>& lengths, bool revers
                 "rnncc: lengths must be a contiguous int32 [B] tensor on the device of Wx");
     a.lengths = l.data_ptr<int>();
   }
-  a.reverse = reverse ? 1 : 0;
+  TORCH_CHECK(reverse_from >= 0 && reverse_from <= Wx.size(3), "rnncc: reverse_from ", reverse_from,
+              " is not a head index in 0..", Wx.size(3));
+  a.reverse_from = static_cast<int>(reverse_from);
 }
 
 void launch(int64_t fn, const rnncc_step_args& a, cudaStream_t stream, const char* what) {
@@ -107,7 +109,7 @@ void poison(at::Tensor& t) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
     const at::Tensor& Wx_, const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
     const at::Tensor& states, const c10::optional<at::Tensor>& params_,
-    const c10::optional<at::Tensor>& lengths, bool reverse, int64_t fn, at::IntArrayRef dims, bool save,
+    const c10::optional<at::Tensor>& lengths, int64_t reverse_from, int64_t fn, at::IntArrayRef dims, bool save,
     bool poison_outputs) {
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
@@ -133,7 +135,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_forward(
   a.B = B; a.T = T; a.NH = NH; a.D = D;
   a.dtype = dtype_code(Wx.scalar_type());
   a.Wx = cptr(Wx); a.bias = cptr(bias); a.params = cptr(params); a.y = mptr(y);
-  set_timeline(a, lengths, reverse, Wx);
+  set_timeline(a, lengths, reverse_from, Wx);
   for (int64_t t = 0; t < T; ++t) {
     at::Tensor s_old = hist[save ? t : t % 2], s_new = hist[save ? t + 1 : (t + 1) % 2];
     if (k.Gr) {
@@ -197,7 +199,7 @@ Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hi
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_backward(
     const at::Tensor& dy_, const at::Tensor& dlast, const at::Tensor& Wx_,
     const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
-    const c10::optional<at::Tensor>& params_, const c10::optional<at::Tensor>& lengths, bool reverse,
+    const c10::optional<at::Tensor>& params_, const c10::optional<at::Tensor>& lengths, int64_t reverse_from,
     const at::Tensor& hist, const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
@@ -223,7 +225,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
   a.dtype = dtype_code(Wx.scalar_type());
   a.Wx = cptr(Wx); a.bias = cptr(bias); a.params = cptr(params);
   a.dy = cptr(dy); a.dWx = mptr(dWx);
-  set_timeline(a, lengths, reverse, Wx);
+  set_timeline(a, lengths, reverse_from, Wx);
   int cur = 0;
   for (int64_t t = T - 1; t >= 0; --t) {
     a.t = static_cast<int>(t);
@@ -270,7 +272,7 @@ at::Tensor aligned_contiguous(const at::Tensor& t) {
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
     const at::Tensor& Wx_, const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
     const at::Tensor& states_, const c10::optional<at::Tensor>& params_,
-    const c10::optional<at::Tensor>& lengths, bool reverse, int64_t fn, at::IntArrayRef dims,
+    const c10::optional<at::Tensor>& lengths, int64_t reverse_from, int64_t fn, at::IntArrayRef dims,
     at::IntArrayRef launch, bool save, bool poison_outputs) {
   const Dims k(dims);
   const Plan plan(launch);
@@ -298,7 +300,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
   a.y = mptr(y); a.last = mptr(last);
   a.hist = save ? fptr(hist) : nullptr;
   a.rh = save && k.Gr ? fptr(rh) : nullptr;
-  set_timeline(a, lengths, reverse, Wx);
+  set_timeline(a, lengths, reverse_from, Wx);
   const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_fn>(fn)(&a, &plan.fw, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the forward kernel failed: ",
@@ -311,7 +313,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> fused_forward(
 Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::Tensor& Wx_,
                      const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
                      const c10::optional<at::Tensor>& params_, const c10::optional<at::Tensor>& lengths,
-                     bool reverse, const at::Tensor& hist, const at::Tensor& rh, int64_t fn,
+                     int64_t reverse_from, const at::Tensor& hist, const at::Tensor& rh, int64_t fn,
                      at::IntArrayRef dims, at::IntArrayRef launch, bool poison_outputs) {
   const Dims k(dims);
   const Plan plan(launch);
@@ -340,7 +342,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   a.dGr = k.Gr ? mptr(dGr) : nullptr;
   a.dGb = k.Gb ? fptr(dGb) : nullptr;
   a.dP = k.P ? fptr(dP) : nullptr;
-  set_timeline(a, lengths, reverse, Wx);
+  set_timeline(a, lengths, reverse_from, Wx);
   const at::Tensor xchg = attach_exchange(a, plan, Wx, stream);  // alive until the launch is queued
   const int err = reinterpret_cast<rnncc_fused_bwd_fn>(fn)(&a, &plan.bw, stream);
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
@@ -354,17 +356,17 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
 TORCH_LIBRARY(rnncc_host, m) {
   m.def(
       "stepwise_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
-      "Tensor? lengths, bool reverse, int fn, int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? lengths, int reverse_from, int fn, int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "stepwise_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
-      "Tensor? params, Tensor? lengths, bool reverse, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
+      "Tensor? params, Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
-      "Tensor? lengths, bool reverse, int fn, int[] dims, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? lengths, int reverse_from, int fn, int[] dims, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
-      "Tensor? params, Tensor? lengths, bool reverse, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, bool poison) "
+      "Tensor? params, Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, bool poison) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
 }

@@ -3,18 +3,17 @@
 A ``CompiledCell`` holds the checked forward IR and its derived backward IR and is called
 like a function of tensors::
 
-    y, last = cell(
-        Wx, R, b, states=None, params=None, backend="auto", lengths=None, reverse=False, share=1
-    )
+    y, last = cell(Wx, R, b, states=None, params=None, backend="auto", lengths=None, reverse=False)
 
 ``lengths`` (``[B]`` integers in ``1 .. T``, any device): row ``b`` runs steps
 ``0 .. lengths[b]-1``; its outputs at positions ``≥ lengths[b]`` are 0 and its ``last`` holds
 the states after its own last step. ``reverse=True``: row ``b`` consumes ``Wx[b, L-1]``, ...,
 ``Wx[b, 0]`` (``L = lengths[b]``, or ``T``) and the output made while consuming position ``t``
-is stored at ``y[:, b, t]``, as in the reverse direction of ``torch.nn.LSTM``. On the CUDA
-backends both run inside the kernels: the fused variants' plan (``timeline``) picks kernels
-built for them. ``share=n`` plans on 1/n of the GPU's SMs, so that n calls on separate streams
-run at once (a bidirectional ``RNN`` layer's two directions).
+is stored at ``y[:, b, t]``, as in the reverse direction of ``torch.nn.LSTM``. ``reverse`` may
+also be one bool per head, reversing the last heads (``[False] * k + [True] * (NH - k)``):
+heads are independent recurrences, so a bidirectional ``RNN`` layer runs its two directions as
+the two halves of the heads of one call. On the CUDA backends lengths and directions run
+inside the kernels: the fused variants' plan (``timeline``) picks kernels built for them.
 
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
 shape, dtype or device), fills defaults (declared initial states and params, made once per
@@ -30,11 +29,10 @@ is never silent). Kernels are built on first use, or by ``prepare``.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -49,7 +47,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
-from rnncc.runtime.validate import Sizes, validate, validate_lengths
+from rnncc.runtime.validate import Sizes, validate, validate_lengths, validate_reverse
 
 if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
     from rnncc.runtime.kernels import KernelOps
@@ -187,20 +185,15 @@ class CompiledCell:
         backend: str = "auto",
         *,
         lengths: torch.Tensor | None = None,
-        reverse: bool = False,
-        share: int = 1,
+        reverse: bool | Sequence[bool] = False,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, last)``; the inputs, ``lengths`` and ``reverse`` as in the module docstring.
-        ``share``: plan for 1/share of the device's SMs, so that that many calls on separate
-        streams run at once (the two directions of a bidirectional layer: ``share=2``)."""
+        """``(y, last)``; the inputs, ``lengths`` and ``reverse`` as in the module docstring."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
-        if not isinstance(reverse, bool):
-            raise ValueError(f"reverse must be True or False, got {reverse!r}")
-        if not isinstance(share, int) or isinstance(share, bool) or share < 1:
-            raise ValueError(f"share must be a positive int, got {share!r}")
         sizes = validate(self.ir, Wx, R, b, states, params)
-        plan = self._choose(backend, Wx, sizes, lengths is not None or reverse, share)
+        reverse_from = validate_reverse(reverse, sizes.NH)
+        timeline = lengths is not None or reverse_from < sizes.NH
+        plan = self._choose(backend, Wx, sizes, timeline)
         if lengths is not None:  # int32 where the kernels read them
             dtype = torch.int64 if plan is None else torch.int32
             lengths = validate_lengths(lengths, sizes.B, sizes.T, Wx.device, dtype)
@@ -219,12 +212,12 @@ class CompiledCell:
                 states,
                 params,
                 lengths=lengths,
-                reverse=reverse,
+                reverse_from=reverse_from,
             )
         ops = self._ops_for(Wx.device, plan)
         self.last_backend = "fused" if plan.fused else "stepwise"
         self.last_plan = plan
-        return ops(Wx, R, b, states, params, plan.launch, lengths, reverse)
+        return ops(Wx, R, b, states, params, plan.launch, lengths, reverse_from)
 
     def step(
         self,
@@ -340,12 +333,11 @@ class CompiledCell:
         sizes: Sizes,
         backend: str,
         timeline: bool = False,
-        share: int = 1,
     ) -> Plan:
         """The plan of a call: solved on first use and kept (a device without an index, "the
-        current device", is solved for each time); on 1/share of the device's SMs."""
+        current device", is solved for each time)."""
         B, _, NH, D = sizes
-        key = (device, dtype, B, NH, D, backend, timeline, share)
+        key = (device, dtype, B, NH, D, backend, timeline)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -360,10 +352,7 @@ class CompiledCell:
             "fused": tuple(v for v in VARIANTS if v.host == "fused"),
             "stepwise": (BY_NAME["stepwise"],),
         }[backend]
-        caps = self._caps(device)
-        if share > 1:
-            caps = dataclasses.replace(caps, sm_count=max(1, caps.sm_count // share))
-        plan = solve(problem, caps, variants)
+        plan = solve(problem, self._caps(device), variants)
         if device.index is not None:
             self._plans[key] = plan
         return plan
@@ -392,7 +381,7 @@ class CompiledCell:
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
     def _choose(
-        self, backend: str, Wx: torch.Tensor, sizes: Sizes, timeline: bool = False, share: int = 1
+        self, backend: str, Wx: torch.Tensor, sizes: Sizes, timeline: bool = False
     ) -> Plan | None:
         """The plan of a CUDA call, or None where the reference backend runs it; ``timeline``:
         the call has per-row lengths or runs reversed."""
@@ -411,7 +400,7 @@ class CompiledCell:
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
             try:
-                return self._plan_for(Wx.device, Wx.dtype, sizes, backend, timeline, share)
+                return self._plan_for(Wx.device, Wx.dtype, sizes, backend, timeline)
             except TilingError as err:
                 raise TilingError(
                     f"cell '{self.name}': no fused kernel for head dim {sizes.D}: {err}\n"
@@ -428,7 +417,7 @@ class CompiledCell:
                 ),
             )
             return None
-        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto", timeline, share)
+        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto", timeline)
         if not plan.fused:
             self._warn_once(
                 ("stepwise", sizes.D, Wx.dtype),

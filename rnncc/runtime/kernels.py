@@ -38,7 +38,7 @@ from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
 from rnncc.variants import BY_NAME, Launch
 
-ABI_VERSION = 9
+ABI_VERSION = 10
 #: The headers the host loop includes (a kernel library's are its GeneratedSource's).
 HOST_HEADERS = ("rnncc_abi.h",)
 _lock = threading.Lock()
@@ -157,14 +157,16 @@ class KernelOps:
         params: Tensor | None,
         launch: Launch,
         lengths: Tensor | None = None,
-        reverse: bool = False,
+        reverse_from: int | None = None,
     ) -> tuple[Tensor, Tensor]:
         """``lengths``: int32 ``[B]`` on the device of ``Wx``, or None (every row runs ``T``
-        steps); a library whose kernels were built without them (``Variant.runs_timeline``)
-        takes neither."""
-        if (lengths is not None or reverse) and not BY_NAME[self.build["variant"]].runs_timeline(
-            self.build
-        ):
+        steps); heads ``reverse_from ..`` run reversed (None: none). A library whose kernels
+        were built without them (``Variant.runs_timeline``) takes neither."""
+        NH = Wx.shape[3]
+        reverse_from = NH if reverse_from is None else reverse_from
+        if (lengths is not None or reverse_from < NH) and not BY_NAME[
+            self.build["variant"]
+        ].runs_timeline(self.build):
             raise RuntimeError(
                 f"rnncc: the {self.build['variant']} kernels were built without per-row lengths "
                 "and the reverse direction: their plan needs timeline=True"
@@ -172,7 +174,7 @@ class KernelOps:
         inputs = [t for t in (Wx, R, b, states, params) if t is not None]
         save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
         y, last, _, _ = self.forward_op(
-            Wx, R, b, states, params, lengths, reverse, launch.as_list(), save, self.poison
+            Wx, R, b, states, params, lengths, reverse_from, launch.as_list(), save, self.poison
         )
         return y, last
 
@@ -213,11 +215,11 @@ _library: torch.library.Library | None = None
 
 _FORWARD_SCHEMA = (
     "{name}_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
-    "Tensor? lengths, bool reverse, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)"
+    "Tensor? lengths, int reverse_from, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 _BACKWARD_SCHEMA = (
     "{name}_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, Tensor? params, "
-    "Tensor? lengths, bool reverse, Tensor hist, Tensor rh, int[] launch, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    "Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int[] launch, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -251,7 +253,7 @@ def _define_ops(
         states: Tensor,
         params: Tensor | None,
         lengths: Tensor | None,
-        reverse: bool,
+        reverse_from: int,
         launch: list[int],
         save: bool,
         poison: bool,
@@ -264,7 +266,7 @@ def _define_ops(
             states,
             params,
             lengths,
-            reverse,
+            reverse_from,
             fwd_ptr,
             dims,
             *_launch_arg(launch),
@@ -280,7 +282,7 @@ def _define_ops(
         states: Tensor,
         params: Tensor | None,
         lengths: Tensor | None,
-        reverse: bool,
+        reverse_from: int,
         launch: list[int],
         save: bool,
         poison: bool,
@@ -299,7 +301,7 @@ def _define_ops(
         b: Tensor | None,
         params: Tensor | None,
         lengths: Tensor | None,
-        reverse: bool,
+        reverse_from: int,
         hist: Tensor,
         rh: Tensor,
         launch: list[int],
@@ -314,7 +316,7 @@ def _define_ops(
             b,
             params,
             lengths,
-            reverse,
+            reverse_from,
             hist,
             rh,
             bwd_ptr,
@@ -332,7 +334,7 @@ def _define_ops(
         b: Tensor | None,
         params: Tensor | None,
         lengths: Tensor | None,
-        reverse: bool,
+        reverse_from: int,
         hist: Tensor,
         rh: Tensor,
         launch: list[int],
@@ -353,11 +355,11 @@ def _define_ops(
     backward_op = getattr(torch.ops.rnncc, f"{name}_backward")
 
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
-        Wx, R, b, states, params, lengths, reverse, launch, save, poison = inputs
+        Wx, R, b, states, params, lengths, reverse_from, launch, save, poison = inputs
         _, _, hist, rh = output
         # states only to tell a second differentiation apart (see _first_order_only).
         ctx.save_for_backward(Wx, R, b, states, params, lengths, hist, rh)
-        ctx.reverse = reverse
+        ctx.reverse_from = reverse_from
         ctx.has = (R is not None, b is not None, params is not None)
         ctx.poison = poison
         ctx.launch = launch
@@ -393,7 +395,7 @@ def _define_ops(
             b,
             params,
             lengths,
-            ctx.reverse,
+            ctx.reverse_from,
             hist,
             rh,
             ctx.launch,

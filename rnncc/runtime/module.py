@@ -4,7 +4,8 @@ A stack of ``num_layers`` layers, each running the cell in one or two directions
 ``nn.LSTM`` takes: padded batches (with ``lengths=``) or a ``PackedSequence``, initial states
 as one tensor or as ``nn.LSTM``'s ``(h0, c0)``, dropout between layers, autocast. The weights
 of each (layer, direction) sit in one ``CellWeights`` module, in ``nn.LSTM``'s ``h_n`` order;
-the reverse direction calls the cell with ``reverse=True``. docs/api.md states the API;
+a layer's directions run in one cell call, as the two halves of its heads (the reverse
+direction's reversed: ``reverse=[False] * NH + [True] * NH``). docs/api.md states the API;
 ``rnncc/runtime/torch_compat.py`` converts from and to the torch modules.
 """
 
@@ -227,19 +228,10 @@ class RNN(nn.Module):
             for layer in range(self.num_layers):
                 if layer and self.dropout:
                     h = nn.functional.dropout(h, self.dropout, self.training)
-                ks = [layer * dirs + d for d in range(dirs)]
-                starts = [None if init is None else init[:, k] for k in ks]
-                Wxs = self._project(ks, h, ctype)  # one GEMM for the layer's directions
-                if dirs == 2 and self._concurrent(h):
-                    outs = self._both_directions(ks, Wxs, starts, lengths, ctype)
-                else:
-                    outs = [
-                        self._recur(k, Wx, s, lengths, d == 1, ctype)
-                        for d, (k, Wx, s) in enumerate(zip(ks, Wxs, starts, strict=True))
-                    ]
-                lasts.extend(last for _, last in outs)
-                h = outs[0][0] if dirs == 1 else torch.cat([y for y, _ in outs], dim=-1)
-            last = torch.stack(lasts, dim=1)
+                ks = list(range(layer * dirs, (layer + 1) * dirs))
+                h, last = self._layer(ks, h, None if init is None else init[:, ks], lengths, ctype)
+                lasts.append(last)
+            last = torch.cat(lasts, dim=1)
             if packed is not None:
                 assert lengths is not None
                 return _packed_like(h, lengths, packed), last
@@ -262,102 +254,70 @@ class RNN(nn.Module):
         assert isinstance(out, torch.Tensor)
         return (out[:, 0] if self.batch_first else out[0]), last
 
-    def _concurrent(self, x: torch.Tensor) -> bool:
-        """Whether a layer's two directions run at once, on two CUDA streams: on a CUDA
-        backend (not the reference, not inside torch.compile's tracing)."""
-        return (
-            x.is_cuda
-            and self.backend != "reference"
-            and x.dtype != torch.float64
-            and not torch.compiler.is_compiling()
-        )
-
-    def _both_directions(
+    def _layer(
         self,
         ks: list[int],
-        Wxs: list[torch.Tensor],
-        starts: list[torch.Tensor | None],
-        lengths: torch.Tensor | None,
-        ctype: torch.dtype,
-    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """A layer's two directions at once: the reverse one on a side stream, each planned
-        on half the SMs (``share=2``), so that both kernels are resident together. Autograd
-        runs each backward on its forward's stream, so the backwards overlap too."""
-        main = torch.cuda.current_stream(Wxs[0].device)
-        side = _side_stream(Wxs[0].device)
-        side.wait_stream(main)
-        with torch.cuda.stream(side):
-            y1, last1 = self._recur(ks[1], Wxs[1], starts[1], lengths, True, ctype, share=2)
-        y0, last0 = self._recur(ks[0], Wxs[0], starts[0], lengths, False, ctype, share=2)
-        main.wait_stream(side)
-        for t in (y1, last1):  # made on the side stream, used (and freed) on the main one
-            t.record_stream(main)
-        for u in (Wxs[1], starts[1], lengths):  # made on the main stream, read on the side one
-            if u is not None and u.is_cuda:
-                u.record_stream(side)
-        return [(y0, last0), (y1, last1)]
-
-    def _project(self, ks: list[int], x: torch.Tensor, ctype: torch.dtype) -> list[torch.Tensor]:
-        """W x of the (layer, direction)s ``ks`` from ``x`` ``[B, T, I]``: ``[B, T, Gx, NH, D]``
-        each (contiguous), in ``ctype``; one GEMM for two directions (a batched one)."""
-        B, T, I = x.shape
-        NH, D, G = self.num_heads, self.head_dim, len(self.cell.gx_names)
-        linears = []
-        for k in ks:
-            w = self.weights[k]
-            assert isinstance(w, CellWeights)
-            if w.input_proj is None:  # a cell without W x
-                return [x.new_empty(B, T, 0, NH, D, dtype=ctype) for _ in ks]
-            linears.append(w.input_proj)
-        xc = _cast(x, ctype)
-        if len(linears) == 1:
-            (p,) = linears
-            return [
-                nn.functional.linear(xc, _cast(p.weight, ctype), _cast(p.bias, ctype)).view(
-                    B, T, G, NH, D
-                )
-            ]
-        weight = torch.stack([_cast(p.weight, ctype) for p in linears]).transpose(1, 2)
-        rows = xc.reshape(1, B * T, I).expand(len(linears), B * T, I)
-        if linears[0].bias is None:
-            out = torch.bmm(rows, weight)
-        else:
-            bias = torch.stack([_cast(p.bias, ctype) for p in linears]).unsqueeze(1)
-            out = torch.baddbmm(bias, rows, weight)
-        return [o.view(B, T, G, NH, D) for o in out.unbind(0)]
-
-    def _recur(
-        self,
-        k: int,
-        Wx: torch.Tensor,
+        x: torch.Tensor,
         states: torch.Tensor | None,
         lengths: torch.Tensor | None,
-        reverse: bool,
         ctype: torch.dtype,
-        share: int = 1,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One (layer, direction)'s recurrence: ``Wx`` ``[B, T, Gx, NH, D]`` → ``out``
-        ``[B, T, O·H]``, ``last`` ``[S, B, H]``, every tensor cast to ``ctype`` (autocast's
-        dtype, else the weights'); planned on 1/share of the SMs."""
-        w = self.weights[k]
-        assert isinstance(w, CellWeights)
-        B, T = Wx.shape[:2]
-        NH, D, S = self.num_heads, self.head_dim, len(self.cell.state_names)
+        """One layer, ``x`` ``[B, T, I]`` → ``out`` ``[B, T, dirs·O·H]`` and ``last``
+        ``[S, dirs, B, H]``, its (layer, direction)s ``ks`` in one cell call: the directions'
+        heads side by side (``dirs·NH`` heads, the reverse direction's last), so that both
+        run in one launch; every tensor cast to ``ctype`` (autocast's dtype, else the
+        weights'). ``states``: ``[S, dirs, B, H]`` or None (the declared initial values)."""
+        ws = [self._weights(k) for k in ks]
+        B, T, _ = x.shape
+        dirs, NH, D, S = len(ks), self.num_heads, self.head_dim, len(self.cell.state_names)
+        H = self.hidden_size
+
+        def heads(ts: list[torch.Tensor | None], axis: int) -> torch.Tensor | None:
+            # the directions' weights side by side on their heads axis
+            given = [_cast(t, ctype) for t in ts if t is not None]
+            if not given:
+                return None
+            return given[0] if dirs == 1 else torch.cat(given, dim=axis)
+
+        if states is not None:  # [S, dirs, B, H] → [S, B, dirs·NH, D]
+            states = _cast(states.transpose(1, 2).reshape(S, B, dirs * NH, D), ctype)
         y, last = self.cell(
-            Wx,
-            _cast(w.R, ctype),
-            _cast(w.bias(), ctype),
-            None if states is None else _cast(states.reshape(S, B, NH, D), ctype),
-            _cast(w.params, ctype),
+            self._project(ws, x, ctype),
+            heads([w.R for w in ws], 1),
+            heads([w.bias() for w in ws], 1),
+            states,
+            heads([w.params for w in ws], 1),
             backend=self.backend,
             lengths=lengths,
-            reverse=reverse,
-            share=share,
+            reverse=[False] * NH + [True] * NH if dirs == 2 else False,
         )
         O = y.shape[0]
-        return y.permute(1, 2, 0, 3, 4).reshape(B, T, O * self.hidden_size), last.reshape(
-            S, B, self.hidden_size
-        )
+        # y [O, B, T, dirs·NH, D] → [B, T, dirs, O, H]; last [S, B, dirs·NH, D] → [S, dirs, B, H]
+        out = y.view(O, B, T, dirs, H).permute(1, 2, 3, 0, 4).reshape(B, T, dirs * O * H)
+        return out, last.view(S, B, dirs, H).transpose(1, 2)
+
+    def _weights(self, k: int) -> CellWeights:
+        w = self.weights[k]
+        assert isinstance(w, CellWeights)
+        return w
+
+    def _project(self, ws: list[CellWeights], x: torch.Tensor, ctype: torch.dtype) -> torch.Tensor:
+        """W x of the directions ``ws`` from ``x`` ``[B, T, I]``: ``[B, T, Gx, dirs·NH, D]``
+        (contiguous) in ``ctype``, in one GEMM: the directions' weight rows interleaved so that
+        the product comes out with their heads side by side."""
+        B, T, I = x.shape
+        NH, D, G, H = self.num_heads, self.head_dim, len(self.cell.gx_names), self.hidden_size
+        dirs = len(ws)
+        linears = [w.input_proj for w in ws if w.input_proj is not None]
+        if not linears:  # a cell without W x
+            return x.new_empty(B, T, 0, dirs * NH, D, dtype=ctype)
+        weight = torch.stack([_cast(p.weight, ctype).view(G, H, I) for p in linears], dim=1)
+        bias = None
+        if linears[0].bias is not None:
+            bias = torch.stack([_cast(p.bias, ctype).view(G, H) for p in linears], dim=1)
+            bias = bias.reshape(-1)
+        out = nn.functional.linear(_cast(x, ctype), weight.reshape(G * dirs * H, I), bias)
+        return out.view(B, T, G, dirs * NH, D)
 
     def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
         p = next(self.parameters(), None)
@@ -483,14 +443,3 @@ def _packed_like(out: torch.Tensor, lengths: torch.Tensor, like: PackedSequence)
     index, _, T = _packed_rows(like)
     data = out[:, :T].reshape(-1, out.shape[-1]).index_select(0, index)
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
-
-
-_side_streams: dict[torch.device, torch.cuda.Stream] = {}
-
-
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """The stream a bidirectional layer's reverse direction runs on, one per device, kept."""
-    stream = _side_streams.get(device)
-    if stream is None:
-        stream = _side_streams[device] = torch.cuda.Stream(device)
-    return stream

@@ -10,8 +10,9 @@ backend is checked against the backward IR, not against torch autograd.
 Per-row lengths and the reverse direction: a row of length ``L`` runs steps ``0 .. L-1``
 and keeps its states after them (their outputs are 0); the backward passes a state's cotangent
 unchanged through the steps past a row's length, with zero gate and param cotangents there.
-The reverse direction is a per-row permutation of the time axis, applied to ``Wx`` on the way
-in and to ``y`` on the way out (``step_order``), so the masked recurrence is the only loop.
+The reverse direction is a per-row permutation of the time axis, applied to the reversed
+heads' ``Wx`` on the way in and ``y`` on the way out (``step_order``), so the masked
+recurrence is the only loop.
 
 Double backward: under ``create_graph=True`` the backward recomputes the forward from the
 saved inputs with autograd on and runs the backward cell on that graph, so its results are
@@ -85,6 +86,19 @@ def _by_position(x: torch.Tensor, order: torch.Tensor, dim: int) -> torch.Tensor
     """``x`` with its time axis ``dim`` (the axis after the batch axis) permuted per row."""
     index = order.view(*([1] * (dim - 1)), *order.shape, *([1] * (x.dim() - dim - 1)))
     return torch.take_along_dim(x, index, dim=dim)
+
+
+def _heads_in_order(
+    x: torch.Tensor, order: torch.Tensor | None, dim: int, first: int
+) -> torch.Tensor:
+    """``x`` (``Wx`` or ``y``: time at axis ``dim``, heads at ``-2``) with the time axis of
+    heads ``first ..`` permuted per row by ``order`` (None: no head is reversed)."""
+    if order is None:
+        return x
+    if first == 0:
+        return _by_position(x, order, dim)
+    kept, turned = x.split([first, x.shape[-2] - first], dim=-2)
+    return torch.cat([kept, _by_position(turned, order, dim)], dim=-2)
 
 
 def _active(lengths: torch.Tensor | None, t: int) -> torch.Tensor | None:
@@ -297,18 +311,16 @@ def forward_autograd(
     params: torch.Tensor | None,
     *,
     lengths: torch.Tensor | None = None,
-    reverse: bool = False,
+    reverse_from: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, last)`` computed with plain differentiable torch ops: torch autograd through the
-    forward, the oracle that the derived backward is tested against."""
-    B, T = Wx.shape[:2]
-    order = step_order(lengths, B, T, Wx.device) if reverse else None
-    if order is not None:
-        Wx = _by_position(Wx, order, 1)
+    forward, the oracle that the derived backward is tested against; heads ``reverse_from ..``
+    run reversed (None: none)."""
+    order = _order(Wx, lengths, reverse_from)
+    first = reverse_from or 0
+    Wx = _heads_in_order(Wx, order, 1, first)
     y, last, _, _ = _run_forward(cell, Wx, R, b, states, params, lengths)
-    if order is not None:
-        y = _by_position(y, order, 2)
-    return y.to(Wx.dtype), last.to(Wx.dtype)
+    return _heads_in_order(y, order, 2, first).to(Wx.dtype), last.to(Wx.dtype)
 
 
 def run_reference(
@@ -321,16 +333,24 @@ def run_reference(
     params: torch.Tensor | None,
     *,
     lengths: torch.Tensor | None = None,
-    reverse: bool = False,
+    reverse_from: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(y, last)`` of the reference backend; inputs already validated and defaulted,
-    ``lengths`` an int64 tensor on ``Wx``'s device (or None: every row runs ``T`` steps)."""
-    B, T = Wx.shape[:2]
-    order = step_order(lengths, B, T, Wx.device) if reverse else None
-    if order is not None:
-        Wx = _by_position(Wx, order, 1)
-    out = ReferenceFunction.apply(cell, bwd, Wx, R, b, states, params, lengths)
+    ``lengths`` an int64 tensor on ``Wx``'s device (or None: every row runs ``T`` steps), heads
+    ``reverse_from ..`` reversed (None: none)."""
+    order = _order(Wx, lengths, reverse_from)
+    first = reverse_from or 0
+    out = ReferenceFunction.apply(
+        cell, bwd, _heads_in_order(Wx, order, 1, first), R, b, states, params, lengths
+    )
     y, last = cast(tuple[torch.Tensor, torch.Tensor], out)
-    if order is not None:
-        y = _by_position(y, order, 2)
-    return y, last
+    return _heads_in_order(y, order, 2, first), last
+
+
+def _order(
+    Wx: torch.Tensor, lengths: torch.Tensor | None, reverse_from: int | None
+) -> torch.Tensor | None:
+    """``step_order`` of a call where some head runs reversed, else None."""
+    if reverse_from is None or reverse_from >= Wx.shape[3]:
+        return None
+    return step_order(lengths, Wx.shape[0], Wx.shape[1], Wx.device)

@@ -6,6 +6,7 @@ dtype, or device). The shapes a call takes (README, "Use it from PyTorch"):
 
     Wx [B, T, Gx, NH, D]   R [Gr, NH, D, D]   b [Gb, NH, D]
     states [S, B, NH, D]   params [P, NH, D]   lengths [B] (integers in 1..T, any device)
+    reverse: a bool, or NH bools (one per head) reversing the last heads
 """
 
 from __future__ import annotations
@@ -128,6 +129,26 @@ def validate(
                 Wx,
             )
     return Sizes(B, T, NH, D)
+
+
+def validate_reverse(reverse: object, NH: int) -> int:
+    """The first head that ``reverse`` runs in the reverse direction (``NH``: none): ``reverse``
+    is a bool (every head), or a sequence of ``NH`` bools, one per head, where the reversed
+    heads are the last ones (``[False] * k + [True] * (NH - k)``: a bidirectional layer's two
+    directions as the two halves of its heads)."""
+    if isinstance(reverse, bool):
+        return 0 if reverse else NH
+    if not isinstance(reverse, list | tuple) or not all(isinstance(r, bool) for r in reverse):
+        raise ValueError(f"reverse must be True, False or one bool per head; got {reverse!r}")
+    if len(reverse) != NH:
+        raise ValueError(f"reverse has {len(reverse)} bools, expected one per head (NH={NH})")
+    first = reverse.index(True) if True in reverse else NH
+    if not all(reverse[first:]):
+        raise ValueError(
+            f"reverse={list(reverse)} reverses heads that are not the last ones: the kernels "
+            "reverse heads k.. for one k ([False] * k + [True] * (NH - k))"
+        )
+    return first
 
 
 def validate_lengths(

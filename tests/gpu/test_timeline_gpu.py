@@ -1,6 +1,7 @@
 """Per-row lengths and the reverse direction inside the kernels (``pytest -m gpu``): every
-variant, with unsorted lengths (one row full, one of a single step) and reversed, against the
-float64 reference, outputs, last states and all five gradients, the variant asserted.
+variant, with unsorted lengths (one row full, one of a single step), reversed, and both with
+the last half of the heads reversed (a bidirectional layer's call), against the float64
+reference, outputs, last states and all five gradients, the variant asserted.
 
 An error above the dtype's tolerance passes only where the stepwise backend, float32 math on
 the same 16-bit inputs, is as far off (within 25 %): seen on the H100 for the IndRNN's dstates
@@ -41,8 +42,8 @@ def _cases():
     tiers = [
         ("block_mma", "fused", "bf16", 11, 64, 2, 13, EXAMPLES),
         ("block_ffma", "fused", "fp32", 5, 32, 1, 9, ["lstm", "gru", "slstm", "sru"]),
-        ("grid_mma", "fused", "bf16", 16, 256, 1, 11, EXAMPLES),
-        ("grid_mma", "fused", "bf16", 16, 768, 1, 9, ["lstm", "gru"]),  # wide blocks
+        ("grid_mma", "fused", "bf16", 16, 256, 2, 11, EXAMPLES),
+        ("grid_mma", "fused", "bf16", 16, 768, 2, 9, ["lstm", "gru"]),  # a bidirectional 768
         ("grid_mma", "fused", "fp16", 70, 768, 1, 7, ["lstm"]),  # narrow, two parts
         ("stepwise", "stepwise", "bf16", 6, 48, 2, 8, ["lstm", "gru", "slstm"]),
     ]
@@ -76,8 +77,12 @@ def cells():
 @pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_lengths_and_reverse_match_float64_reference(cells, case):
     cell = cells[case["example"]]
-    kw: dict = {"reverse": case["how"] != "lengths"}
-    if case["how"] != "reverse":
+    NH, how = case["NH"], case["how"]
+    # "both": lengths, and the last half of the heads reversed (all of one head)
+    kw: dict = {"reverse": how == "reverse" or [h >= NH // 2 for h in range(NH)]}
+    if how == "lengths":
+        kw["reverse"] = False
+    if how != "reverse":
         kw["lengths"] = _lengths(case["B"], case["T"]).cuda()
     plan, errors = errors_against_reference(cell, case, case["backend"], **kw)
     assert plan.variant == case["variant"]

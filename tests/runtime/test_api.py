@@ -592,25 +592,3 @@ def test_ir_nodes_pickle():
     roots = [n for _, n in cell.ir.updates]
     again = pickle.loads(pickle.dumps(roots))
     assert again == roots and [n.name for n in again] == [n.name for n in roots]
-
-
-def test_share_plans_on_a_fraction_of_the_sms(monkeypatch) -> None:
-    """share=2 (a bidirectional layer's two directions at once) plans on half the SMs, so
-    that both directions' cooperative launches are resident together; a bad share is a
-    ValueError before anything runs."""
-    from rnncc.runtime.validate import Sizes
-    from rnncc.tiling import caps_for_arch
-
-    cell = rnncc.load(Path(__file__).resolve().parents[2] / "examples" / "lstm.rnn")
-    h100 = caps_for_arch("h100")
-    monkeypatch.setattr(cell, "_caps", lambda device: h100)
-    device = torch.device("cuda", 0)
-    whole = cell._plan_for(device, torch.bfloat16, Sizes(16, 1, 1, 768), "auto", True, 1)
-    half = cell._plan_for(device, torch.bfloat16, Sizes(16, 1, 1, 768), "auto", True, 2)
-    assert whole.caps.sm_count == 132 and half.caps.sm_count == 66
-    blocks = half.launch.forward.grid[0] * half.launch.forward.grid[1] * half.launch.forward.grid[2]
-    assert half.variant == "grid_mma" and blocks <= 66
-    x = torch.zeros(2, 3, 4, 1, 2)
-    for bad in (0, -1, 1.5, True):
-        with pytest.raises(ValueError, match="share must be a positive int"):
-            cell(x, share=bad)

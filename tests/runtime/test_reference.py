@@ -202,6 +202,38 @@ def test_reverse_without_lengths_runs_the_flipped_sequence():
     assert torch.equal(y, y_f.flip(2)) and torch.equal(last, last_f)
 
 
+@pytest.mark.parametrize("name", ["lstm", "slstm"])
+def test_reversed_heads_are_their_own_reversed_call(name):
+    """reverse as one bool per head: the reversed heads (the last ones) run as a reversed call
+    of their own, the others as a forward one; gradients included (a bidirectional layer's
+    two directions as the halves of its heads)."""
+    cell = rnncc.load(EX[name])
+    x = random_inputs(cell.ir, 3, 4, 3, 2, seed=5)
+    names = [k for k in INPUTS if x[k] is not None]
+    args = {k: x[k].clone().requires_grad_() for k in names}
+    y, last = cell(*(args.get(k) for k in INPUTS), lengths=LENGTHS, reverse=[False, True, True])
+    parts = []
+    for heads, reverse in ((slice(0, 1), False), (slice(1, 3), True)):
+        part = {k: x[k][..., heads, :] if k != "R" else x[k][:, heads] for k in names}
+        part = {k: v.clone().requires_grad_() for k, v in part.items()}
+        parts.append((part, cell(*(part.get(k) for k in INPUTS), lengths=LENGTHS, reverse=reverse)))
+    # (not bit for bit: fewer heads may run another matrix-product kernel)
+    assert rel_err(y, torch.cat([p[1][0] for p in parts], dim=3)) <= 1e-14
+    assert rel_err(last, torch.cat([p[1][1] for p in parts], dim=2)) <= 1e-14
+    g = torch.Generator().manual_seed(1)
+    dy, dlast = (
+        torch.randn(y.shape, generator=g, dtype=y.dtype),
+        torch.randn(last.shape, generator=g, dtype=y.dtype),
+    )
+    whole = torch.autograd.grad((y * dy).sum() + (last * dlast).sum(), [args[k] for k in names])
+    for (part, (yp, lp)), heads in zip(parts, (slice(0, 1), slice(1, 3)), strict=True):
+        loss = (yp * dy[..., heads, :]).sum() + (lp * dlast[..., heads, :]).sum()
+        grads = torch.autograd.grad(loss, [part[k] for k in names])
+        for k, gw, gp in zip(names, whole, grads, strict=True):
+            ours = gw[:, heads] if k == "R" else gw[..., heads, :]
+            assert rel_err(ours, gp) <= 1e-14, k
+
+
 def _masked_fn(cell, names, lengths, reverse):
     def f(*a):
         kw = dict(zip(names, a))
@@ -249,7 +281,9 @@ def test_derived_backward_with_lengths_equals_torch_autograd(path, reverse):
     results = []
     for run in (
         lambda *a: cell(*a, backend="reference", lengths=LENGTHS, reverse=reverse),
-        lambda *a: forward_autograd(cell.ir, *a, lengths=LENGTHS, reverse=reverse),
+        lambda *a: forward_autograd(
+            cell.ir, *a, lengths=LENGTHS, reverse_from=0 if reverse else None
+        ),
     ):
         args = {k: x[k].clone().requires_grad_() for k in names}
         y, last = run(args["Wx"], args.get("R"), args.get("b"), args["states"], args.get("params"))
@@ -277,7 +311,7 @@ def test_kernel_backends_get_a_timeline_plan_and_int32_lengths(monkeypatch):
     monkeypatch.setattr(
         cell,
         "_choose",
-        lambda backend, Wx, sizes, timeline=False, share=1: (
+        lambda backend, Wx, sizes, timeline=False: (
             seen.append(timeline) or SimpleNamespace(fused=True, launch="launch")
         ),
     )
@@ -289,6 +323,7 @@ def test_kernel_backends_get_a_timeline_plan_and_int32_lengths(monkeypatch):
     (t1, (l1, lengths, r1)), (t2, (_, none, r2)), (t3, (_, _, r3)) = zip(
         seen[::2], seen[1::2], strict=True
     )
-    assert (t1, t2, t3) == (True, True, False) and (r1, r2, r3) == (False, True, False)
+    # the first reversed head: NH = 1 (none) or 0 (all)
+    assert (t1, t2, t3) == (True, True, False) and (r1, r2, r3) == (1, 0, 1)
     assert l1 == "launch" and none is None
     assert lengths.dtype == torch.int32 and lengths.tolist() == LENGTHS.tolist()

@@ -284,6 +284,23 @@ def test_lengths(lengths, message) -> None:
         cell(**tensors("lstm"), lengths=lengths)
 
 
-def test_reverse_must_be_a_bool() -> None:
-    with pytest.raises(ValueError, match=r"^reverse must be True or False, got 1$"):
-        load("lstm")(**tensors("lstm"), reverse=1)
+@pytest.mark.parametrize(
+    "reverse, message",
+    [
+        (1, "reverse must be True, False or one bool per head; got 1"),
+        ([1], "reverse must be True, False or one bool per head; got [1]"),
+        ([False, True, True], "reverse has 3 bools, expected one per head (NH=2)"),
+    ],
+)
+def test_reverse_is_a_bool_or_one_per_head(reverse, message) -> None:
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        load("lstm")(**tensors("lstm"), reverse=reverse)
+
+
+def test_reverse_per_head_reverses_the_last_heads() -> None:
+    from rnncc.runtime.validate import validate_reverse
+
+    assert [validate_reverse(r, 3) for r in (False, True, [False, True, True])] == [3, 0, 1]
+    assert validate_reverse((False, False, False), 3) == 3
+    with pytest.raises(ValueError, match=re.escape("reverse=[True, False] reverses heads that")):
+        validate_reverse([True, False], 2)
