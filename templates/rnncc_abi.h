@@ -52,6 +52,31 @@ typedef struct rnncc_step_args {
 // A launcher: enqueues one step on `stream`; returns a cudaError_t (0: success).
 typedef int (*rnncc_step_fn)(const rnncc_step_args* args, cudaStream_t stream);
 
+// One decoding step (rnncc_decode, decode.cuh): y and the new states of one step, R·h and the
+// cell in one launch, from states and either x with the input projection (W x + Wb) or Wx;
+// for inference: no lengths, nothing saved. Storage dtype everywhere, float32 math.
+// states_stride / new_states_stride: elements between state k and k + 1 (B·NH·D when
+// contiguous; a layer's slice of a stack's [S, L, B, H] states otherwise). new_states must
+// not overlap states: every block reads all of a head's h.
+typedef struct rnncc_decode_args {
+  int B, NH, D, I;  // I: the features of x (0 when Wx is given)
+  int dtype;
+  const void* x;       // [B, I], or null: Wx given
+  const void* W;       // [Gx, NH, D, I] (an nn.Linear's weight), with x
+  const void* Wb;      // [Gx, NH, D], or null
+  const void* Wx;      // [B, Gx, NH, D], without x
+  const void* R;       // [Gr, NH, D, D]
+  const void* bias;    // [Gb, NH, D]
+  const void* params;  // [P, NH, D]
+  const void* states;  // [S, B, NH, D] (strided as above)
+  long long states_stride;
+  void* y;             // [O, B, NH, D], or null (the outputs are states: read new_states)
+  void* new_states;    // [S, B, NH, D] (strided as above)
+  long long new_states_stride;
+} rnncc_decode_args;
+
+typedef int (*rnncc_decode_fn)(const rnncc_decode_args* args, cudaStream_t stream);
+
 // How a fused kernel is launched, from the plan (rnncc.variants): which of the library's
 // kernels, its threads and dynamic shared memory per block, and the blocks of one launch.
 // The library checks the numbers against the ones it was built with. Passed beside the

@@ -3,7 +3,9 @@
 // loop (stepwise_host.cpp) runs R·h and dR as GEMMs between the steps. Templated on the
 // generated cell struct C (its shape, kThreads, and the hooks forward and backward). Per-row
 // lengths and the reverse direction (rnncc_abi.h) are read at run time: a step is one element.
+// The library also holds the decoding step (decode.cuh), for any size.
 #pragma once
+#include "decode.cuh"
 #include "rnncc_abi.h"
 #include "rnncc_ops.cuh"
 #include "timeline.cuh"
@@ -136,7 +138,7 @@ int launch(void (*f32)(rnncc_step_args), void (*f16)(rnncc_step_args), void (*bf
   return (int)cudaGetLastError();
 }
 
-// The library's entry points (rnncc_abi.h: rnncc_forward_step, rnncc_backward_step).
+// The library's entry points (rnncc_abi.h: rnncc_forward_step, rnncc_backward_step, rnncc_decode).
 template <class C>
 int forward(const rnncc_step_args* a, cudaStream_t stream) {
   return launch<C>(forward_kernel<C, float>, forward_kernel<C, __half>, forward_kernel<C, __nv_bfloat16>, a, stream);
@@ -144,6 +146,10 @@ int forward(const rnncc_step_args* a, cudaStream_t stream) {
 template <class C>
 int backward(const rnncc_step_args* a, cudaStream_t stream) {
   return launch<C>(backward_kernel<C, float>, backward_kernel<C, __half>, backward_kernel<C, __nv_bfloat16>, a, stream);
+}
+template <class C>
+int decode(const rnncc_decode_args* a, cudaStream_t stream) {
+  return rnncc::decode::step<C>(a, stream);
 }
 
 }  // namespace stepwise

@@ -351,6 +351,59 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   return weight_gradients(k, Wx, hist, dGr, dGb, dP, batch, dWx, dstates);
 }
 
+// A [S, B, NH, D] view whose (B, NH, D) part is contiguous; the states may be strided.
+void check_states_view(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) == t.size(2) * t.size(3),
+              "rnncc decode: ", name, " must be [S, B, NH, D] with (B, NH, D) contiguous");
+}
+
+// Whether the bytes of two tensors' spans (first to last element) overlap.
+bool overlaps(const at::Tensor& a, const at::Tensor& b) {
+  if (!a.defined() || !b.defined() || !a.numel() || !b.numel()) return false;
+  auto span = [](const at::Tensor& t) {
+    int64_t last = 0;
+    for (int64_t d = 0; d < t.dim(); ++d) last += (t.size(d) - 1) * t.stride(d);
+    const char* p = static_cast<const char*>(t.data_ptr());
+    return std::make_pair(p, p + (last + 1) * t.element_size());
+  };
+  const auto [a0, a1] = span(a);
+  const auto [b0, b1] = span(b);
+  return a0 < b1 && b0 < a1;
+}
+
+// One decoding step (rnncc_abi.h: rnncc_decode) into y [O, B, NH, D] (or none) and
+// new_states; x [B, I] with W and Wb, or Wx [B, Gx, NH, D]. The Python side checked shapes
+// and dtypes; the outputs must not overlap the states, which every block reads.
+void decode(const c10::optional<at::Tensor>& x_, const c10::optional<at::Tensor>& W_,
+            const c10::optional<at::Tensor>& Wb_, const c10::optional<at::Tensor>& Wx_,
+            const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_, const at::Tensor& states,
+            const c10::optional<at::Tensor>& params_, int64_t fn, at::IntArrayRef dims,
+            const c10::optional<at::Tensor>& y_, const at::Tensor& new_states) {
+  const Dims k(dims);
+  c10::cuda::CUDAGuard guard(states.device());
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const at::Tensor x = opt(x_), W = opt(W_), Wb = opt(Wb_), Wx = opt(Wx_), R = opt(R_), bias = opt(b_),
+                   params = opt(params_);
+  const at::Tensor y = y_.has_value() ? *y_ : at::Tensor();
+  check_states_view(states, "states");
+  check_states_view(new_states, "new_states");
+  TORCH_CHECK(!y.defined() || y.is_contiguous(), "rnncc decode: y must be contiguous");
+  TORCH_CHECK(!overlaps(new_states, states) && !overlaps(y, states),
+              "rnncc decode: the new states and outputs must not overlap the states they are computed from");
+  rnncc_decode_args a{};
+  a.B = states.size(1); a.NH = states.size(2); a.D = states.size(3);
+  a.I = x.defined() ? x.size(1) : 0;
+  a.dtype = dtype_code(states.scalar_type());
+  a.x = cptr(x); a.W = cptr(W); a.Wb = cptr(Wb); a.Wx = cptr(Wx);
+  a.R = cptr(R); a.bias = cptr(bias); a.params = cptr(params);
+  a.states = states.data_ptr(); a.states_stride = states.stride(0);
+  a.y = y.defined() ? y.data_ptr() : nullptr;
+  a.new_states = new_states.data_ptr(); a.new_states_stride = new_states.stride(0);
+  const int err = reinterpret_cast<rnncc_decode_fn>(fn)(&a, stream);
+  TORCH_CHECK(err == 0, "rnncc decode: launching the step kernel failed: ",
+              cudaGetErrorString(static_cast<cudaError_t>(err)));
+}
+
 }  // namespace
 
 TORCH_LIBRARY(rnncc_host, m) {
@@ -368,6 +421,9 @@ TORCH_LIBRARY(rnncc_host, m) {
       "fused_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
       "Tensor? params, Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, bool poison) "
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def(
+      "decode(Tensor? x, Tensor? W, Tensor? Wb, Tensor? Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
+      "int fn, int[] dims, Tensor(a!)? y, Tensor(b!) new_states) -> ()");
   m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
 }
 
@@ -376,4 +432,5 @@ TORCH_LIBRARY_IMPL(rnncc_host, CUDA, m) {
   m.impl("stepwise_backward", &stepwise_backward);
   m.impl("fused_forward", &fused_forward);
   m.impl("fused_backward", &fused_backward);
+  m.impl("decode", &decode);
 }

@@ -257,6 +257,7 @@ def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> 
     ]
     kernels = sorted(p.name for p in (tmp_path / "pkg" / "kernels").iterdir())
     assert kernels == [
+        "decode.cuh",
         "indrnn_stepwise.cu",
         "rnncc_abi.h",
         "rnncc_ops.cuh",

@@ -32,7 +32,7 @@ from __future__ import annotations
 import json
 import warnings
 from collections import OrderedDict
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -94,6 +94,7 @@ class CompiledCell:
         # The same by (device, id(plan)), with the plan (so that its id stays its own).
         self._ops_at: dict[tuple[torch.device, int], tuple[Plan, KernelOps]] = {}
         self._defaults: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
+        self._decoders: dict[torch.device, KernelOps] = {}
 
     # ---- description ---------------------------------------------------------------------
     @property
@@ -227,16 +228,55 @@ class CompiledCell:
         states: torch.Tensor | None = None,
         params: torch.Tensor | None = None,
         backend: str = "auto",
+        *,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One time step: ``(y_t, new_states)`` from ``Wx_t`` ``[B, Gx, NH, D]`` and ``states``
         ``[S, B, NH, D]`` (None: the declared initial states); ``y_t`` is ``[O, B, NH, D]``.
-        Differentiable, and ``T`` steps equal one call over ``T`` steps. It runs the sequence
-        kernels at ``T = 1``: one launch per step on the fused backend."""
+        Differentiable, and ``T`` steps equal one call over ``T`` steps. On CUDA, where no
+        gradient is recorded (``torch.no_grad()``, or no input requires grad), it runs the
+        decoding kernel: R h and the cell in one launch, written into ``out=(y_t,
+        new_states)`` where given (no allocation; ``new_states`` must not be ``states``);
+        otherwise the backend's sequence kernels at ``T = 1``."""
         if not isinstance(Wx_t, torch.Tensor) or Wx_t.dim() != 4:
             got = f"shape {list(Wx_t.shape)}" if isinstance(Wx_t, torch.Tensor) else "not a tensor"
             raise ValueError(f"Wx_t has {got}, expected [B, Gx={len(self.gx_names)}, NH, D]")
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        if decodes(backend, Wx_t.device, Wx_t.dtype, lambda: (Wx_t, R, b, states, params)):
+            sizes = validate(self.ir, Wx_t.unsqueeze(1), R, b, states, params)
+            if states is None:
+                states = self._declared(sizes, Wx_t, states=True)
+            if params is None and self.ir.params:
+                params = self._declared(sizes, Wx_t, states=False)
+            B, _, NH, D = sizes
+            S, O = len(self.state_names), len(self.outputs)
+            if out is None:
+                y, new = Wx_t.new_empty(O, B, NH, D), Wx_t.new_empty(S, B, NH, D)
+            else:
+                kw = {"dtype": Wx_t.dtype, "device": Wx_t.device}
+                y, new = check_out(
+                    out, ((O, B, NH, D), (S, B, NH, D)), kw, "[O, B, NH, D], [S, B, NH, D]"
+                )
+            self._decoder(Wx_t.device).decode(None, None, None, Wx_t, R, b, states, params, y, new)
+            self.last_backend, self.last_plan = "decode", None
+            return y, new
+        if out is not None:
+            raise ValueError(
+                "out= is for steps that record no gradient on a CUDA device (the decoding "
+                "kernel): call step under torch.no_grad()"
+            )
         y, last = self(Wx_t.unsqueeze(1), R, b, states, params, backend)
         return y[:, :, 0], last
+
+    def _decoder(self, device: torch.device) -> KernelOps:
+        """The library with the decoding step for ``device`` (the stepwise one: any size),
+        built or loaded on first use (also for ``rnncc.RNN.step``)."""
+        found = self._decoders.get(device)
+        if found is None:
+            plan = self._plan_for(device, torch.float32, Sizes(1, 1, 1, 1), "stepwise")
+            found = self._decoders[device] = self._ops_for(device, plan)
+        return found
 
     def _declared(self, sizes: Sizes, Wx: torch.Tensor, *, states: bool) -> torch.Tensor:
         """The declared initial states (``states=True``) or params of a call at ``sizes``, with
@@ -427,6 +467,44 @@ class CompiledCell:
                 ),
             )
         return plan
+
+
+def decodes(
+    backend: str,
+    device: torch.device,
+    dtype: torch.dtype,
+    inputs: Callable[[], Iterable[torch.Tensor | None]],
+) -> bool:
+    """Whether a step runs the decoding kernel: on a CUDA backend and a CUDA dtype, recording
+    no gradient (none enabled, or none of ``inputs()`` requires one: asked only with
+    gradients enabled), outside torch.compile's tracing and torch dispatch modes (which see
+    the differentiable ops instead)."""
+    if backend == "reference" or device.type != "cuda" or dtype not in _CUDA_DTYPES:
+        return False
+    if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
+        return False
+    return not torch.is_grad_enabled() or not any(
+        t is not None and t.requires_grad for t in inputs()
+    )
+
+
+def check_out(
+    out: object, shapes: tuple[tuple[int, ...], ...], like: Mapping[str, Any], legend: str
+) -> tuple[torch.Tensor, ...]:
+    """``out``: a tuple of tensors of ``shapes`` with ``like``'s ``dtype`` and ``device``, each
+    contiguous (ValueError naming what differs)."""
+    if not isinstance(out, tuple | list) or len(out) != len(shapes):
+        raise ValueError(f"out must be a tuple of {len(shapes)} tensors {legend}, got {out!r}")
+    for i, (t, shape) in enumerate(zip(out, shapes, strict=True)):
+        if not isinstance(t, torch.Tensor) or tuple(t.shape) != shape:
+            got = f"shape {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"out[{i}] has {got}, expected {list(shape)} ({legend})")
+        if t.dtype != like["dtype"] or t.device != like["device"] or not t.is_contiguous():
+            raise ValueError(
+                f"out[{i}] must be a contiguous {like['dtype']} tensor on {like['device']}; got "
+                f"{t.dtype} on {t.device}{'' if t.is_contiguous() else ', not contiguous'}"
+            )
+    return tuple(out)
 
 
 def _index(device: torch.device) -> int:

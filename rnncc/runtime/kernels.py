@@ -127,7 +127,7 @@ def _key(path: Path) -> str:
 
 
 _ENTRY_POINTS = {
-    "stepwise": ("rnncc_forward_step", "rnncc_backward_step"),
+    "stepwise": ("rnncc_forward_step", "rnncc_backward_step", "rnncc_decode"),
     "fused": ("rnncc_fused_forward", "rnncc_fused_backward"),
 }
 
@@ -143,10 +143,13 @@ class KernelOps:
             host_library(arch)
         path = build_kernels(cell, bwd, build, arch)  # builds may run in parallel threads
         host = BY_NAME[build["variant"]].host
-        self._lib, (fwd, bwd_fn) = _launchers(path, *_ENTRY_POINTS[host])
+        self._lib, (fwd, bwd_fn, *decode) = _launchers(path, *_ENTRY_POINTS[host])
+        self._dims = _dims(cell)
+        #: The library's decoding step (the stepwise library's), or None.
+        self._decode_fn = decode[0] if decode else None
         name = f"{cell.name}_{build['variant']}_{_key(path)}"
         with _lock:  # op registration mutates one shared torch.library.Library
-            self.forward_op = _define_ops(name, fwd, bwd_fn, _dims(cell), host)
+            self.forward_op = _define_ops(name, fwd, bwd_fn, self._dims, host)
 
     def __call__(
         self,
@@ -177,6 +180,30 @@ class KernelOps:
             Wx, R, b, states, params, lengths, reverse_from, launch.as_list(), save, self.poison
         )
         return y, last
+
+    def decode(
+        self,
+        x: Tensor | None,
+        W: Tensor | None,
+        Wb: Tensor | None,
+        Wx: Tensor | None,
+        R: Tensor | None,
+        b: Tensor | None,
+        states: Tensor,
+        params: Tensor | None,
+        y: Tensor | None,
+        new_states: Tensor,
+    ) -> None:
+        """One decoding step into ``y`` ``[O, B, NH, D]`` (or None) and ``new_states``
+        (``[S, B, NH, D]`` views, the states possibly strided, as ``states``): from ``x``
+        ``[B, I]`` with the input projection ``W`` ``[Gx·NH·D, I]`` and ``Wb``, or from ``Wx``
+        ``[B, Gx, NH, D]``; inputs checked by the caller, no autograd (rnncc_abi.h:
+        rnncc_decode)."""
+        if self._decode_fn is None:
+            raise RuntimeError(f"rnncc: the {self.build['variant']} library has no decoding step")
+        torch.ops.rnncc_host.decode(
+            x, W, Wb, Wx, R, b, states, params, self._decode_fn, self._dims, y, new_states
+        )
 
 
 class _SecondOrderError(torch.autograd.Function):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TypedDict, overload
 
@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from rnncc.runtime.api import CompiledCell, load
+from rnncc.runtime.api import CompiledCell, check_out, decodes, load
 from rnncc.runtime.validate import validate_lengths
 
 #: What ``states=`` takes: ``[S, L·dirs, B, H]``, a tuple of ``S`` tensors ``[L·dirs, B, H]``
@@ -229,7 +229,8 @@ class RNN(nn.Module):
                 if layer and self.dropout:
                     h = nn.functional.dropout(h, self.dropout, self.training)
                 ks = list(range(layer * dirs, (layer + 1) * dirs))
-                h, last = self._layer(ks, h, None if init is None else init[:, ks], lengths, ctype)
+                start = None if init is None else init[:, ks[0] : ks[-1] + 1]  # a view
+                h, last = self._layer(ks, h, start, lengths, ctype)
                 lasts.append(last)
             last = torch.cat(lasts, dim=1)
             if packed is not None:
@@ -238,21 +239,102 @@ class RNN(nn.Module):
         return (h if self.batch_first else h.transpose(0, 1)), last
 
     def step(
-        self, x_t: torch.Tensor, states: States | None = None
+        self,
+        x_t: torch.Tensor,
+        states: States | None = None,
+        *,
+        out: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One time step of a unidirectional stack: ``x_t`` ``[B, input_size]`` and ``states``
         as ``forward`` takes them → ``(out_t, new_states)``, ``out_t`` ``[B, O · hidden_size]``
         and ``new_states`` ``[S, num_layers, B, hidden_size]``. ``T`` steps equal ``forward``
-        over ``T`` steps (dropout aside), gradients included."""
+        over ``T`` steps (dropout aside), gradients included. On CUDA, where no gradient is
+        recorded (``torch.no_grad()``, or nothing requires grad), each layer is one launch of
+        the decoding kernel, its input projection included, written into ``out=(out_t,
+        new_states)`` where given (no allocation; ``new_states`` must not be ``states``)."""
         if self.bidirectional:
             raise ValueError("step runs unidirectional layers; this layer is bidirectional")
         if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.input_size:
             got = f"shape {_shape(x_t)}" if isinstance(x_t, torch.Tensor) else type(x_t).__name__
             raise ValueError(f"x_t has {got}, expected [B, input_size={self.input_size}]")
+        ctype = self._compute_dtype(x_t)
+        if decodes(self.backend, x_t.device, ctype, lambda: self._inputs(x_t, states)):
+            return self._decode(x_t, states, out, ctype)
+        if out is not None:
+            raise ValueError(
+                "out= is for steps that record no gradient on a CUDA device (the decoding "
+                "kernel): call step under torch.no_grad()"
+            )
         x = x_t.unsqueeze(1 if self.batch_first else 0)
-        out, last = self.forward(x, states)
-        assert isinstance(out, torch.Tensor)
-        return (out[:, 0] if self.batch_first else out[0]), last
+        y, last = self.forward(x, states)
+        assert isinstance(y, torch.Tensor)
+        return (y[:, 0] if self.batch_first else y[0]), last
+
+    def _inputs(self, x_t: torch.Tensor, states: States | None) -> Iterator[torch.Tensor | None]:
+        """What a step's gradient would flow to: the input, the states, the weights."""
+        yield x_t
+        yield from states if isinstance(states, tuple | list) else (states,)
+        yield from self.parameters()
+
+    def _decode(
+        self,
+        x_t: torch.Tensor,
+        states: States | None,
+        out: tuple[torch.Tensor, torch.Tensor] | None,
+        ctype: torch.dtype,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``step`` on the decoding kernel: one launch per layer, each reading its slice of
+        the stack's states and writing its slice of the new ones; a layer's input is the
+        output of the one below (its output state's slice when the cell has one output)."""
+        cell = self.cell
+        S, O, L = len(cell.state_names), len(cell.outputs), self.num_layers
+        B, NH, D, H = x_t.shape[0], self.num_heads, self.head_dim, self.hidden_size
+        init = self._initial_states(states, x_t, ctype)
+        if init is None:  # the declared values, [S, 1, B, H] read for every layer
+            first_states = cell.initial_states(B, NH, D, dtype=ctype, device=x_t.device)
+            init = first_states.view(S, 1, B, H).expand(S, L, B, H)
+        init = _cast(init, ctype)
+        kw: _Factory = {"device": x_t.device, "dtype": ctype}
+        if out is None:
+            out_t, new = torch.empty(B, O * H, **kw), torch.empty(S, L, B, H, **kw)
+        else:
+            out_t, new = check_out(
+                out, ((B, O * H), (S, L, B, H)), kw, "[B, O·hidden_size], [S, L, B, H]"
+            )
+        decoder = cell._decoder(x_t.device)
+        first = cell.state_names.index(cell.outputs[0])  # the output state
+        h = _cast(x_t, ctype)
+        for layer in range(L):
+            if layer and self.dropout and self.training:
+                h = nn.functional.dropout(h, self.dropout, True)
+            w = self._weights(layer)
+            top = layer == L - 1
+            # The output: out_t itself for the top layer of a one-output cell; none below it
+            # (the next layer reads the output state's new slice); else a buffer.
+            y = None if O == 1 and not top else torch.empty(O, B, NH, D, **kw)
+            if O == 1 and top:
+                y = out_t.view(1, B, NH, D)
+            p = w.input_proj
+            decoder.decode(
+                h if p is not None else None,
+                _cast(p.weight, ctype) if p is not None else None,
+                _cast(p.bias, ctype) if p is not None else None,
+                None,
+                _cast(w.R, ctype),
+                _cast(w.bias(), ctype),
+                init[:, layer].view(S, B, NH, D),
+                _cast(w.params, ctype),
+                y,
+                new[:, layer].view(S, B, NH, D),
+            )
+            if y is None:
+                h = new[first, layer]
+            elif O > 1:
+                h = y.permute(1, 0, 2, 3).reshape(B, O * H)
+                if top:
+                    out_t.copy_(h)
+        cell.last_backend, cell.last_plan = "decode", None
+        return out_t, new
 
     def _layer(
         self,
@@ -320,7 +402,11 @@ class RNN(nn.Module):
         return out.view(B, T, G, dirs * NH, D)
 
     def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
-        p = next(self.parameters(), None)
+        # The first layer's first weight (every layer holds the same dtype); not
+        # self.parameters(), whose walk over the modules costs a step microseconds.
+        p = next(iter(self.weights[0]._parameters.values()), None) if len(self.weights) else None
+        if p is None:
+            p = next(self.parameters(), None)
         return x.dtype if p is None else p.dtype
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
@@ -374,7 +460,7 @@ class RNN(nn.Module):
             raise ValueError(f"states has shape {_shape(states)}, expected {legend}")
         if states.device != x.device:
             raise ValueError(f"states is on {states.device}, expected {x.device} like x")
-        if states.dtype not in (ctype, self._weights_dtype(x)):
+        if states.dtype != ctype and states.dtype != self._weights_dtype(x):
             raise ValueError(
                 f"states has dtype {states.dtype}, expected {self._weights_dtype(x)} like the "
                 "layer's weights"
@@ -405,7 +491,7 @@ def _cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor: ...
 @overload
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None: ...
 def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
-    return None if t is None else t.to(dtype)
+    return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
 def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -116,3 +116,7 @@ extern "C" int rnncc_forward_step(const rnncc_step_args* a, cudaStream_t stream)
 extern "C" int rnncc_backward_step(const rnncc_step_args* a, cudaStream_t stream) {
   return rnncc::stepwise::backward<Cell>(a, stream);
 }
+
+extern "C" int rnncc_decode(const rnncc_decode_args* a, cudaStream_t stream) {
+  return rnncc::stepwise::decode<Cell>(a, stream);
+}

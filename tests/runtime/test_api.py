@@ -3,6 +3,7 @@ backends, warnings, edge lengths and dtypes (DESIGN.md §2)."""
 
 from __future__ import annotations
 
+import re
 import warnings
 from pathlib import Path
 from types import SimpleNamespace
@@ -592,3 +593,40 @@ def test_ir_nodes_pickle():
     roots = [n for _, n in cell.ir.updates]
     again = pickle.loads(pickle.dumps(roots))
     assert again == roots and [n.name for n in again] == [n.name for n in roots]
+
+
+def test_step_out_needs_the_decoding_kernel() -> None:
+    """out= is written by the decoding kernel (CUDA, no gradient); elsewhere it is refused
+    rather than ignored."""
+    cell = rnncc.load(Path(__file__).resolve().parents[2] / "examples" / "lstm.rnn")
+    Wx, s = torch.zeros(2, 4, 1, 3), torch.zeros(2, 2, 1, 3)
+    R, b = torch.zeros(4, 1, 3, 3), torch.zeros(4, 1, 3)
+    with pytest.raises(ValueError, match="out= is for steps that record no gradient"):
+        cell.step(Wx, R, b, s, out=(torch.empty(1, 2, 1, 3), torch.empty(2, 2, 1, 3)))
+
+
+@pytest.mark.parametrize(
+    "out, message",
+    [
+        (None, "out must be a tuple of 2 tensors [O, B], [S, B], got None"),
+        (
+            (torch.empty(2, 3), torch.empty(2, 3)),
+            "out[0] has shape [2, 3], expected [1, 3] ([O, B], [S, B])",
+        ),
+        (
+            (torch.empty(1, 3), torch.empty(2, 3, dtype=torch.float64)),
+            "out[1] must be a contiguous torch.float32 tensor on cpu; got torch.float64 on cpu",
+        ),
+        (
+            (torch.empty(1, 3), torch.empty(3, 2).t()),
+            "out[1] must be a contiguous torch.float32 tensor on cpu; got torch.float32 on cpu, "
+            "not contiguous",
+        ),
+    ],
+)
+def test_out_buffers_are_checked(out, message) -> None:
+    from rnncc.runtime.api import check_out
+
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        like = {"dtype": torch.float32, "device": torch.device("cpu")}
+        check_out(out, ((1, 3), (2, 3)), like, "[O, B], [S, B]")

@@ -445,3 +445,9 @@ def test_builtin_cells_are_the_examples() -> None:
         rnncc.load_builtin,
         "lsmt",
     )
+
+
+def test_step_out_needs_the_decoding_kernel() -> None:
+    m = layer("lstm", num_layers=2)
+    with pytest.raises(ValueError, match="out= is for steps that record no gradient"):
+        m.step(torch.randn(B, IN), out=(torch.empty(B, H), torch.empty(2, 2, B, H)))

@@ -162,6 +162,7 @@ GRU_FILES = [
     "__init__.py",
     "cell.json",
     "cell.rnn",
+    "kernels/decode.cuh",
     "kernels/gru_stepwise.cu",
     "kernels/rnncc_abi.h",
     "kernels/rnncc_ops.cuh",
