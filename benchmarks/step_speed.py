@@ -1,6 +1,11 @@
-"""One LSTM time step on the GPU, wall time per step from Python and per step of a replayed
-CUDA graph: rnncc's ``CompiledCell.step`` (fused, bf16) beside ``nn.LSTM`` with seq_len 1 and
-``nn.LSTMCell`` (fp16, cuDNN), in one process. Hidden 768 as one head, B = 1 and 16, no_grad.
+"""Decoding, one time step at a time, under no_grad: ``rnncc.RNN.step`` (bf16, the decoding
+kernel, the input projection included) beside ``nn.LSTM`` with seq_len 1 and ``nn.LSTMCell``
+(cuDNN fp16), in one process. LSTM, hidden = input = 768 as one head, B = 1 and 16, one and two
+layers. Two figures per system, per step (``fw_ms``, the ``note`` says which):
+
+- eager: wall time per call from Python, back to back (the host's launch overhead included);
+- graph: a decoding loop captured in one CUDA graph and replayed, each step's input computed
+  from the last output (x_{t+1} = out_t W, a 768 × 768 product inside the loop), per step.
 
     python benchmarks/step_speed.py --out benchmarks/results/step-speed-h100-DATE.json
 """
@@ -8,89 +13,123 @@ CUDA graph: rnncc's ``CompiledCell.step`` (fused, bf16) beside ``nn.LSTM`` with 
 from __future__ import annotations
 
 import argparse
-import json
+import statistics
 import time
 from pathlib import Path
 
 import torch
 
 import rnncc
+from rnncc.bench.records import Record, machine_info, write_results
 
-H, STEPS = 768, 200
+H, CALLS, GRAPH_STEPS, REPEATS = 768, 300, 64, 5
 
 
-def per_step_ms(fn, steps: int = STEPS) -> float:
-    for _ in range(10):
+def eager_ms(fn) -> float:
+    """Median over REPEATS of the wall time per call of CALLS calls back to back."""
+    for _ in range(20):
         fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / steps * 1e3
-
-
-def graphed_ms(fn, steps: int = 50) -> float:
-    """Per step of ``steps`` calls captured in one CUDA graph, replayed."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(steps):
+    runs = []
+    for _ in range(REPEATS):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(CALLS):
             fn()
-    return per_step_ms(g.replay, 20) / steps
+        torch.cuda.synchronize()
+        runs.append((time.perf_counter() - t0) / CALLS * 1e3)
+    return statistics.median(runs)
+
+
+def graph_ms(step) -> float:
+    """Per step of GRAPH_STEPS calls of ``step(t)`` captured in one CUDA graph, replayed."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for t in range(2):
+            step(t)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for t in range(GRAPH_STEPS):
+            step(t)
+    graph.replay()
+    return eager_ms(graph.replay) / GRAPH_STEPS
+
+
+def systems(B: int, layers: int):
+    """(name, dtype, eager call, graph step(t)) per system."""
+    kw16 = {"device": "cuda", "dtype": torch.float16}
+    kwbf = {"device": "cuda", "dtype": torch.bfloat16}
+    w16, wbf = torch.randn(H, H, **kw16) * 0.03, torch.randn(H, H, **kwbf) * 0.03
+
+    layer = rnncc.RNN(rnncc.load_builtin("lstm"), H, H, layers, **kwbf)
+    x = torch.randn(B, H, **kwbf)
+    s = [torch.zeros(2, layers, B, H, **kwbf) for _ in range(2)]  # alternate: new ≠ old
+    out = torch.empty(B, H, **kwbf)
+
+    def rnncc_step(t: int) -> None:
+        layer.step(x, s[t % 2], out=(out, s[(t + 1) % 2]))
+        torch.matmul(out, wbf, out=x)
+
+    lstm = torch.nn.LSTM(H, H, layers, **kw16)
+    x1 = torch.randn(1, B, H, **kw16)
+    hc = [torch.zeros(layers, B, H, **kw16), torch.zeros(layers, B, H, **kw16)]
+
+    def lstm_step(t: int) -> None:
+        y, (h, c) = lstm(x1, (hc[0], hc[1]))
+        hc[0].copy_(h)
+        hc[1].copy_(c)
+        torch.matmul(y[0], w16, out=x1[0])
+
+    found = [
+        (
+            "rnncc.RNN.step (decoding kernel, bf16)",
+            "bf16",
+            lambda: layer.step(x, s[0], out=(out, s[1])),
+            rnncc_step,
+        ),
+        ("nn.LSTM seq_len 1 (cuDNN fp16)", "fp16", lambda: lstm(x1, (hc[0], hc[1])), lstm_step),
+    ]
+    if layers == 1:
+        cellm = torch.nn.LSTMCell(H, H, **kw16)
+        xc = torch.randn(B, H, **kw16)
+        hc1 = [torch.zeros(B, H, **kw16), torch.zeros(B, H, **kw16)]
+
+        def cell_step(t: int) -> None:
+            h, c = cellm(xc, (hc1[0], hc1[1]))
+            hc1[0].copy_(h)
+            hc1[1].copy_(c)
+            torch.matmul(h, w16, out=xc)
+
+        found.append(("nn.LSTMCell (fp16)", "fp16", lambda: cellm(xc, (hc1[0], hc1[1])), cell_step))
+    return found
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     args = ap.parse_args()
-    cell = rnncc.load(Path(__file__).resolve().parents[1] / "examples" / "lstm.rnn")
     records = []
     with torch.no_grad():
-        for B in (1, 16):
-            R = torch.randn(4, 1, H, H, device="cuda", dtype=torch.bfloat16) * 0.02
-            b = torch.zeros(4, 1, H, device="cuda", dtype=torch.bfloat16)
-            wx = torch.randn(B, 4, 1, H, device="cuda", dtype=torch.bfloat16)
-            st = [torch.zeros(2, B, 1, H, device="cuda", dtype=torch.bfloat16)]
-
-            def rnncc_step(wx=wx, R=R, b=b, st=st):
-                _, st[0] = cell.step(wx, R, b, st[0], backend="fused")
-
-            lstm = torch.nn.LSTM(H, H, device="cuda", dtype=torch.float16)
-            cellm = torch.nn.LSTMCell(H, H, device="cuda", dtype=torch.float16)
-            x1 = torch.randn(1, B, H, device="cuda", dtype=torch.float16)
-            hc = (torch.zeros(1, B, H, device="cuda", dtype=torch.float16),) * 2
-            hc1 = (hc[0][0], hc[1][0])
-            runs = {
-                "rnncc step (fused, bf16)": rnncc_step,
-                "nn.LSTM seq_len 1 (cuDNN fp16)": lambda m=lstm, x=x1, s=hc: m(x, s),
-                "nn.LSTMCell (fp16)": lambda m=cellm, x=x1[0], s=hc1: m(x, s),
-            }
-            for name, fn in runs.items():
-                wall, graph = per_step_ms(fn), graphed_ms(fn)
-                records.append(
-                    {
-                        "system": name,
-                        "cell": "lstm",
-                        "B": B,
-                        "T": 1,
-                        "NH": 1,
-                        "D": H,
-                        "wall_ms": wall,
-                        "graph_ms": graph,
-                    }
-                )
-                print(
-                    f"B={B:2d} {name:34s} wall {wall:.4f} ms/step  graph {graph:.4f} ms/step",
-                    flush=True,
-                )
+        for layers in (1, 2):
+            for B in (1, 16):
+                for name, dtype, call, step in systems(B, layers):
+                    for how, ms in (("eager", eager_ms(call)), ("graph", graph_ms(step))):
+                        note = f"{layers} layer{'s' if layers > 1 else ''}, {how}: " + (
+                            "wall time per call from Python"
+                            if how == "eager"
+                            else "per step of a replayed CUDA graph of decoding with "
+                            "feedback (x_{t+1} = out_t W)"
+                        )
+                        rec = Record(name, "lstm", dtype, B, 1, 1, H, fw_ms=round(ms, 5), note=note)
+                        rec.repeats = REPEATS
+                        records.append(rec)
+                        print(
+                            f"{note[:9]:9s} B={B:2d} {name:40s} {how:5s} {ms * 1e3:8.2f} us/step",
+                            flush=True,
+                        )
     if args.out:
-        machine = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__}
-        Path(args.out).write_text(json.dumps({"machine": machine, "records": records}, indent=1))
+        write_results(Path(args.out), machine_info(torch.device("cuda")), records)
 
 
 if __name__ == "__main__":

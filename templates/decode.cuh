@@ -1,15 +1,19 @@
 // One decoding step in one launch (rnncc_abi.h: rnncc_decode): a block owns kUnits units of one
-// head for a chunk of kChunk batch rows. It copies the chunk's x and h (the recurrent state)
-// into shared memory as float, computes its rows of W x (when x is given) and R h with FFMA,
-// each warp kPassRows rows at a time (a lane holds 8 columns of each row, then the warp's
-// partial sums are reduce-scattered so every lane ends with whole sums), and runs the cell
-// (C::forward) on its units × rows. No grid barrier: the step reads only the old states.
-// Templated on the generated cell struct C (the stepwise library's). Every storage dtype.
+// head for a chunk of batch rows. It copies the chunk's x and h (the recurrent state) into
+// shared memory, computes its rows of W x (when x is given) and R h, and runs the cell
+// (C::forward) on its units × rows. No grid barrier: the step reads only the old states. The
+// rows' sums run on the tensor cores for 16-bit storage (MmaKernels) and with FFMA for float
+// (Kernels: each warp kPassRows rows at a time, a lane holding 8 columns of each, the warp's
+// partial sums reduce-scattered so that every lane ends with whole sums). Templated on the
+// generated cell struct C (the stepwise library's).
 #pragma once
 #include <cstdint>
 #include <cstring>
 
+#include <type_traits>
+
 #include "rnncc_abi.h"
+#include "rnncc_mma.cuh"
 #include "rnncc_ops.cuh"
 
 namespace rnncc {
@@ -48,10 +52,20 @@ struct Pack8 {
 #pragma unroll
       for (int i = 0; i < kWords; ++i) w[i] = reinterpret_cast<const uint4*>(p)[i];
     } else {
-      T e[8];
+      uint32_t word[4 * kWords];
 #pragma unroll
-      for (int j = 0; j < 8; ++j) e[j] = j < n ? p[j] : from_float<T>(0.0f);
-      memcpy(w, e, sizeof(w));
+      for (int i = 0; i < 4 * kWords; ++i) word[i] = 0u;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        if (j >= n) continue;
+        if constexpr (sizeof(T) == 4) {
+          word[j] = __float_as_uint(to_float(p[j]));
+        } else {
+          word[j / 2] |= (uint32_t)(*reinterpret_cast<const unsigned short*>(p + j)) << (16 * (j % 2));
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = make_uint4(word[4 * i], word[4 * i + 1], word[4 * i + 2], word[4 * i + 3]);
     }
   }
   __device__ __forceinline__ void zero() {
@@ -197,11 +211,18 @@ struct Kernels {
     }
     __syncthreads();
 
-    // The cell on (unit, batch row) pairs.
+    cell<T>(a, sums, u0, n, b0);
+  }
+
+  // The cell on the block's (unit, batch row) pairs, from the rows' sums [kRows][kChunk].
+  template <typename T>
+  static __device__ __forceinline__ void cell(const rnncc_decode_args& a, const float* sums, const int u0, const int n,
+                                              const int b0) {
+    const long long NHD = (long long)a.NH * a.D;
     for (int e = threadIdx.x; e < kUnits * kChunk; e += kThreads) {
       const int u = e / kChunk, b = e % kChunk, gb = b0 + b, d = u0 + u;
-      if (d >= D || gb >= a.B) continue;
-      const long long hd = (long long)n * D + d;
+      if (d >= a.D || gb >= a.B) continue;
+      const long long hd = (long long)n * a.D + d;
       float next[kS];
       C::forward(In<T>{a, sums, u, b, gb, hd, NHD}, next);
 #pragma unroll
@@ -214,15 +235,179 @@ struct Kernels {
   }
 };
 
-template <class C, int kChunk, typename T>
-__global__ void __launch_bounds__(kThreads) step_kernel(const rnncc_decode_args a) {
-  Kernels<C, kChunk>::template step<T>(a);
+// The 16-bit storage: the rows' sums on the tensor cores (mma.sync m16n8k16, fp32
+// accumulation). The block's weight rows (W's, then R's; row r of a part is gate r / kUnits,
+// unit r % kUnits, m tile m its rows 16 m .. 16 m + 15) are copied into shared memory with
+// cp.async, all at once (one memory round trip per step), beside the chunk's x and h as
+// stored; A fragments come through ldmatrix, B from 32-bit loads. A warp takes every m tile of
+// a part for the part's k tiles warp, warp + kWarps, ...; the warps' partial tiles are summed
+// through shared memory (over the weights, once they are read) into the rows' sums.
+template <class C, int kChunk>
+struct MmaKernels {
+  using Base = Kernels<C, kChunk>;
+  static constexpr int kGx = C::kGx, kGr = C::kGr, kRec = C::kRec;
+  static constexpr int kNT = kChunk / 8;  // n tiles: 8 batch rows each
+  static constexpr int kMx = (kGx * kUnits + 15) / 16, kMr = (kGr * kUnits + 15) / 16;  // m tiles
+  static constexpr int kM = kMx + kMr;
+  static_assert(kChunk % 8 == 0 && kM > 0, "whole n tiles; some rows");
+
+  // A row of K values in shared memory: K rounded up to 16 (zeros), and 8 more, so that the 8
+  // rows of an ldmatrix (or of a B load) fall in distinct banks.
+  static __host__ __device__ int stride(const int K) { return K > 0 ? (K + 15) / 16 * 16 + 8 : 0; }
+  // Shared memory: the weights [16 kMx][Is] then [16 kMr][Ds] (the warps' tiles
+  // [kWarps][kM][kNT][32][4] float over them afterwards), x [kChunk][Is], h [kChunk][Ds] as
+  // stored, the rows' sums [Base::kRows][kChunk] float.
+  static __host__ __device__ size_t weight_bytes(const int I, const int D) {
+    const size_t w = 2 * (size_t)16 * (kMx * stride(I) + kMr * stride(D));
+    const size_t red = sizeof(float) * (size_t)kWarps * kM * kNT * 128;
+    return w > red ? w : red;
+  }
+  static __host__ __device__ size_t smem_bytes(const int I, const int D) {
+    return weight_bytes(I, D) + 2 * (size_t)kChunk * (stride(I) + stride(D)) + sizeof(float) * (size_t)Base::kRows * kChunk;
+  }
+
+  // Copy `rows` rows of K values into `dst` (rows of Ks; row r from row_at(r), null: zeros),
+  // zeros past K: 16-byte cp.async where `vec` (every row 16-byte aligned), else element by
+  // element. A warp per row, its lanes along it. `any`: a readable address (row 0's), the
+  // source of the zero-filling copies.
+  template <typename T, class RowAt>
+  static __device__ __forceinline__ void stage(unsigned short* dst, const int rows, const int K, const bool vec,
+                                               const T* any, RowAt row_at) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Ks = stride(K), chunks = (K + 15) / 16 * 2;
+    const unsigned base = (unsigned)__cvta_generic_to_shared(dst);
+    for (int r = warp; r < rows; r += kWarps) {
+      const unsigned short* const src = reinterpret_cast<const unsigned short*>(row_at(r));
+      if (vec) {
+        for (int j = lane; j < chunks; j += 32) {
+          const bool ok = src != nullptr && 8 * j < K;
+          cp_async<16>(base + 2 * (r * Ks + 8 * j), ok ? static_cast<const void*>(src + 8 * j) : any, ok);
+        }
+      } else {
+        for (int k = lane; k < 8 * chunks; k += 32) dst[r * Ks + k] = src != nullptr && k < K ? src[k] : 0;
+      }
+    }
+  }
+
+  // c[m0 + m] += the part's staged rows (shared memory, rows of Ks) times v (the chunk's x or
+  // h, rows of Ks) over this warp's k tiles.
+  template <typename T, int kParts>
+  static __device__ __forceinline__ void product(float (&c)[kM][kNT][4], const int m0, const unsigned short* w,
+                                                 const unsigned short* v, const int K) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g8 = lane >> 2, c4 = lane & 3;
+    const int Ks = stride(K), KT = (K + 15) / 16;
+    // ldmatrix.x4: lane i gives row i % 8 of matrix i / 8 (rows 0-7 / 8-15, k 0-7 / 8-15).
+    const unsigned a0 = (unsigned)__cvta_generic_to_shared(w + (lane % 16) * Ks + 8 * (lane / 16));
+    for (int kt = warp; kt < KT; kt += kWarps) {
+      const int k = 16 * kt;
+      uint32_t b[kNT][2];
+#pragma unroll
+      for (int t = 0; t < kNT; ++t) {
+        const unsigned short* p = v + (8 * t + g8) * Ks + k + 2 * c4;
+        b[t][0] = *reinterpret_cast<const uint32_t*>(p);
+        b[t][1] = *reinterpret_cast<const uint32_t*>(p + 8);
+      }
+#pragma unroll
+      for (int m = 0; m < kParts; ++m) {
+        uint32_t a[4];
+        asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+                     : "=r"(a[0]), "=r"(a[1]), "=r"(a[2]), "=r"(a[3])
+                     : "r"(a0 + 2 * (16 * m * Ks + k)));
+#pragma unroll
+        for (int t = 0; t < kNT; ++t) mma16816<T>(c[m0 + m][t], a, b[t][0], b[t][1]);
+      }
+    }
+  }
+
+  template <typename T>
+  static __device__ void step(const rnncc_decode_args& a) {
+    extern __shared__ __align__(16) float smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int u0 = blockIdx.x * kUnits, n = blockIdx.y, b0 = blockIdx.z * kChunk;
+    const int D = a.D, I = a.x ? a.I : 0, Is = stride(I), Ds = stride(D);
+    const long long NHD = (long long)a.NH * D;
+    unsigned short* const wx_rows = reinterpret_cast<unsigned short*>(smem);
+    unsigned short* const wr_rows = wx_rows + 16 * kMx * Is;
+    float* const red = smem;
+    unsigned short* const xs = reinterpret_cast<unsigned short*>(reinterpret_cast<char*>(smem) + weight_bytes(I, D));
+    unsigned short* const hs = xs + kChunk * Is;
+    float* const sums = reinterpret_cast<float*>(hs + kChunk * Ds);  // 16-byte aligned: strides are multiples of 8
+
+    // Every copy at once: the weights (zeros past the part's gates and the head), the chunk's
+    // x and h (zeros past the batch).
+    if (kMx > 0 && a.x != nullptr) {
+      const T* const w = static_cast<const T*>(a.W) + ((long long)n * D + u0) * I;
+      const bool vec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+      stage<T>(wx_rows, 16 * kMx, I, vec, w, [&](const int r) -> const T* {
+        const int q = r / kUnits, u = r % kUnits;
+        return q < kGx && u0 + u < D ? w + ((long long)q * NHD + u) * I : nullptr;
+      });
+      const T* const x = static_cast<const T*>(a.x);
+      const bool xvec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+      stage<T>(xs, kChunk, I, xvec, x, [&](const int b) -> const T* {
+        return b0 + b < a.B ? x + (long long)(b0 + b) * I : nullptr;
+      });
+    }
+    if (kMr > 0) {
+      const T* const w = static_cast<const T*>(a.R) + ((long long)n * D + u0) * D;
+      const bool vec = D % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
+      stage<T>(wr_rows, 16 * kMr, D, vec, w, [&](const int r) -> const T* {
+        const int q = r / kUnits, u = r % kUnits;
+        return q < kGr && u0 + u < D ? w + ((long long)q * NHD + u) * D : nullptr;
+      });
+    }
+    const T* const h = static_cast<const T*>(a.states) + kRec * a.states_stride + (long long)n * D;
+    const bool hvec = D % 8 == 0 && NHD % 8 == 0 && (reinterpret_cast<uintptr_t>(h) & 15) == 0;
+    stage<T>(hs, kChunk, D, hvec, h,
+             [&](const int b) -> const T* { return b0 + b < a.B ? h + (long long)(b0 + b) * NHD : nullptr; });
+    cp_async_commit();
+    cp_async_wait<0>();
+    __syncthreads();
+
+    float c[kM][kNT][4];
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int t = 0; t < kNT; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) c[m][t][j] = 0.0f;
+    if constexpr (kMx > 0) {
+      if (a.x != nullptr) product<T, kMx>(c, 0, wx_rows, xs, I);
+    }
+    if constexpr (kMr > 0) product<T, kMr>(c, kMx, wr_rows, hs, D);
+    __syncthreads();  // every warp is done with the weights: their space takes the tiles
+#pragma unroll
+    for (int m = 0; m < kM; ++m)
+#pragma unroll
+      for (int t = 0; t < kNT; ++t)
+        reinterpret_cast<float4*>(red)[((warp * kM + m) * kNT + t) * 32 + lane] = make_float4(c[m][t][0], c[m][t][1], c[m][t][2], c[m][t][3]);
+    __syncthreads();
+
+    // The rows' sums: element j of lane l's fragment of tile (m, t), summed over the warps.
+    for (int e = threadIdx.x; e < kM * kNT * 128; e += kThreads) {
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += red[w * kM * kNT * 128 + e];
+      const int j = e % 4, l = e / 4 % 32, t = e / 128 % kNT, m = e / (128 * kNT);
+      const int in_r = m >= kMx, r = 16 * (in_r ? m - kMx : m) + l / 4 + (j >= 2 ? 8 : 0);
+      const int b = 8 * t + 2 * (l % 4) + (j & 1);
+      if (r < (in_r ? kGr : kGx) * kUnits) sums[((in_r ? kGx * kUnits : 0) + r) * kChunk + b] = s;
+    }
+    __syncthreads();
+    Base::template cell<T>(a, sums, u0, n, b0);
+  }
+};
+
+// K: Kernels (FFMA, float storage) or MmaKernels (16-bit storage).
+template <class K, typename T>
+__global__ void __launch_bounds__(kThreads, 1) step_kernel(const rnncc_decode_args a) {
+  K::template step<T>(a);
 }
 
 template <class C, int kChunk, typename T>
 int launch_as(const rnncc_decode_args* a, cudaStream_t stream) {
-  const size_t smem = Kernels<C, kChunk>::smem_bytes(a->x ? a->I : 0, a->D);
-  auto* kernel = step_kernel<C, kChunk, T>;
+  using K = typename std::conditional<sizeof(T) == 2, MmaKernels<C, kChunk>, Kernels<C, kChunk>>::type;
+  const size_t smem = K::smem_bytes(a->x ? a->I : 0, a->D);
+  auto* kernel = step_kernel<K, T>;
   if (smem > 48 * 1024) {
     const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
     if (err != cudaSuccess) return (int)err;
@@ -232,10 +417,15 @@ int launch_as(const rnncc_decode_args* a, cudaStream_t stream) {
   return (int)cudaGetLastError();
 }
 
-// A chunk of 16 batch rows from B > 4 on (kChunk rows are summed whether present or not).
+// Chunks of 16 batch rows past a small batch (kChunk rows are summed whether present or not):
+// from B > 4 with FFMA (float), B > 8 on the tensor cores (n tiles of 8 rows).
 template <class C, typename T>
 int launch_for(const rnncc_decode_args* a, cudaStream_t stream) {
-  return a->B > 4 ? launch_as<C, 16, T>(a, stream) : launch_as<C, 4, T>(a, stream);
+  if constexpr (sizeof(T) == 2) {
+    return a->B > 8 ? launch_as<C, 16, T>(a, stream) : launch_as<C, 8, T>(a, stream);
+  } else {
+    return a->B > 4 ? launch_as<C, 16, T>(a, stream) : launch_as<C, 4, T>(a, stream);
+  }
 }
 
 // The library's entry point (rnncc_abi.h: rnncc_decode).

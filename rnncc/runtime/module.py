@@ -311,7 +311,7 @@ class RNN(nn.Module):
             top = layer == L - 1
             # The output: out_t itself for the top layer of a one-output cell; none below it
             # (the next layer reads the output state's new slice); else a buffer.
-            y = None if O == 1 and not top else torch.empty(O, B, NH, D, **kw)
+            y = None if O == 1 else torch.empty(O, B, NH, D, **kw)
             if O == 1 and top:
                 y = out_t.view(1, B, NH, D)
             p = w.input_proj
