@@ -260,6 +260,7 @@ def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> 
         "decode.cuh",
         "indrnn_stepwise.cu",
         "rnncc_abi.h",
+        "rnncc_mma.cuh",
         "rnncc_ops.cuh",
         "stepwise.cuh",
         "timeline.cuh",

@@ -165,6 +165,7 @@ GRU_FILES = [
     "kernels/decode.cuh",
     "kernels/gru_stepwise.cu",
     "kernels/rnncc_abi.h",
+    "kernels/rnncc_mma.cuh",
     "kernels/rnncc_ops.cuh",
     "kernels/stepwise.cuh",
     "kernels/timeline.cuh",
