@@ -201,9 +201,14 @@ class KernelOps:
         rnncc_decode)."""
         if self._decode_fn is None:
             raise RuntimeError(f"rnncc: the {self.build['variant']} library has no decoding step")
-        torch.ops.rnncc_host.decode(
-            x, W, Wb, Wx, R, b, states, params, self._decode_fn, self._dims, y, new_states
-        )
+        _decode_op()(x, W, Wb, Wx, R, b, states, params, self._decode_fn, self._dims, y, new_states)
+
+
+@functools.cache
+def _decode_op() -> Callable[..., None]:
+    """The host library's decode op, resolved once (its overload: no lookup per step)."""
+    op: Callable[..., None] = torch.ops.rnncc_host.decode.default
+    return op
 
 
 class _SecondOrderError(torch.autograd.Function):

@@ -303,29 +303,30 @@ class RNN(nn.Module):
             )
         decoder = cell._decoder(x_t.device)
         first = cell.state_names.index(cell.outputs[0])  # the output state
+        # [S, L, B, NH, D]: a layer's states are one index away (views, as every slice below)
+        init, new_heads = init.reshape(S, L, B, NH, D), new.view(S, L, B, NH, D)
+        out_heads = out_t.view(1, B, NH, D)
         h = _cast(x_t, ctype)
-        for layer in range(L):
+        for layer, w in enumerate(self.weights):
+            assert isinstance(w, CellWeights)
             if layer and self.dropout and self.training:
                 h = nn.functional.dropout(h, self.dropout, True)
-            w = self._weights(layer)
             top = layer == L - 1
             # The output: out_t itself for the top layer of a one-output cell; none below it
             # (the next layer reads the output state's new slice); else a buffer.
-            y = None if O == 1 else torch.empty(O, B, NH, D, **kw)
-            if O == 1 and top:
-                y = out_t.view(1, B, NH, D)
+            y = (out_heads if top else None) if O == 1 else torch.empty(O, B, NH, D, **kw)
             p = w.input_proj
             decoder.decode(
-                h if p is not None else None,
-                _cast(p.weight, ctype) if p is not None else None,
-                _cast(p.bias, ctype) if p is not None else None,
+                None if p is None else h,
+                None if p is None else _cast(p.weight, ctype),
+                None if p is None else _cast(p.bias, ctype),
                 None,
                 _cast(w.R, ctype),
                 _cast(w.bias(), ctype),
-                init[:, layer].view(S, B, NH, D),
+                init[:, layer],
                 _cast(w.params, ctype),
                 y,
-                new[:, layer].view(S, B, NH, D),
+                new_heads[:, layer],
             )
             if y is None:
                 h = new[first, layer]
