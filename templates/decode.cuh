@@ -94,24 +94,57 @@ struct Kernels {
     return sizeof(float) * ((size_t)kChunk * (padded(I) + padded(D)) + (size_t)kRows * kChunk);
   }
 
-  // What the cell reads, for unit u0 + u of head n and batch row b0 + b.
-  template <typename T>
-  struct In {
-    const rnncc_decode_args& a;
-    const float* sums;
+  static_assert(kUnits * kChunk <= kThreads, "a thread per (unit, batch row) of the block");
+  static constexpr int kGb = C::kGb, kP = C::kP;
+
+  // Thread t's element of the cell, unit u0 + t / kChunk and batch row b0 + t % kChunk, and
+  // what the cell reads of it besides the sums, loaded at the start (their latency hides
+  // behind the weights'): the old states, W x (given) or the projection's bias, b, params.
+  struct Element {
     int u, b, gb;
-    long long hd, NHD;
-    __device__ __forceinline__ float state(int k) const {
-      return to_float(static_cast<const T*>(a.states)[k * a.states_stride + gb * NHD + hd]);
+    long long hd;  // (head, unit) in [NH, D]
+    bool live;
+    float state[kS], wx[kGx > 0 ? kGx : 1], bias[kGb > 0 ? kGb : 1], param[kP > 0 ? kP : 1];
+
+    template <typename T>
+    __device__ __forceinline__ void load(const rnncc_decode_args& a, const int u0, const int n, const int b0) {
+      u = threadIdx.x / kChunk;
+      b = threadIdx.x % kChunk;
+      gb = b0 + b;
+      hd = (long long)n * a.D + u0 + u;
+      live = threadIdx.x < kUnits * kChunk && u0 + u < a.D && gb < a.B;
+      if (!live) return;
+      const long long NHD = (long long)a.NH * a.D;
+      const T* const st = static_cast<const T*>(a.states);
+#pragma unroll
+      for (int k = 0; k < kS; ++k) state[k] = to_float(st[k * a.states_stride + gb * NHD + hd]);
+#pragma unroll
+      for (int k = 0; k < kGx; ++k) {
+        if (a.x == nullptr) {
+          wx[k] = to_float(static_cast<const T*>(a.Wx)[((long long)gb * kGx + k) * NHD + hd]);
+        } else {
+          wx[k] = a.Wb ? to_float(static_cast<const T*>(a.Wb)[k * NHD + hd]) : 0.0f;  // + the sums
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < kGb; ++k) bias[k] = to_float(static_cast<const T*>(a.bias)[k * NHD + hd]);
+#pragma unroll
+      for (int k = 0; k < kP; ++k) param[k] = to_float(static_cast<const T*>(a.params)[k * NHD + hd]);
     }
+  };
+
+  // What the cell reads: the element's inputs and the rows' sums [kRows][kChunk].
+  struct In {
+    const Element& e;
+    const float* sums;
+    bool projected;  // W x is in the sums (x given)
+    __device__ __forceinline__ float state(int k) const { return e.state[k]; }
     __device__ __forceinline__ float wx(int k) const {
-      if (a.x == nullptr) return to_float(static_cast<const T*>(a.Wx)[(gb * kGx + k) * NHD + hd]);
-      const float wb = a.Wb ? to_float(static_cast<const T*>(a.Wb)[k * NHD + hd]) : 0.0f;
-      return sums[(k * kUnits + u) * kChunk + b] + wb;
+      return projected ? sums[(k * kUnits + e.u) * kChunk + e.b] + e.wx[k] : e.wx[k];
     }
-    __device__ __forceinline__ float rh(int k) const { return sums[((kGx + k) * kUnits + u) * kChunk + b]; }
-    __device__ __forceinline__ float bias(int k) const { return to_float(static_cast<const T*>(a.bias)[k * NHD + hd]); }
-    __device__ __forceinline__ float param(int k) const { return to_float(static_cast<const T*>(a.params)[k * NHD + hd]); }
+    __device__ __forceinline__ float rh(int k) const { return sums[((kGx + k) * kUnits + e.u) * kChunk + e.b]; }
+    __device__ __forceinline__ float bias(int k) const { return e.bias[k]; }
+    __device__ __forceinline__ float param(int k) const { return e.param[k]; }
   };
 
   template <typename T>
@@ -125,6 +158,8 @@ struct Kernels {
     float* const hs = xs + kChunk * Ip;
     float* const sums = hs + kChunk * Dp;
 
+    Element e;
+    e.template load<T>(a, u0, n, b0);
     // The chunk's x and h as float, zeros past the batch and in the padding: 8-element
     // groups, kLoads of them per thread in flight at once.
     const T* const h = static_cast<const T*>(a.states) + kRec * a.states_stride + (long long)n * D;
@@ -211,27 +246,22 @@ struct Kernels {
     }
     __syncthreads();
 
-    cell<T>(a, sums, u0, n, b0);
+    cell<T>(a, sums, e);
   }
 
-  // The cell on the block's (unit, batch row) pairs, from the rows' sums [kRows][kChunk].
+  // The cell on thread t's element (Element), from the rows' sums [kRows][kChunk].
   template <typename T>
-  static __device__ __forceinline__ void cell(const rnncc_decode_args& a, const float* sums, const int u0, const int n,
-                                              const int b0) {
+  static __device__ __forceinline__ void cell(const rnncc_decode_args& a, const float* sums, const Element& e) {
+    if (!e.live) return;
     const long long NHD = (long long)a.NH * a.D;
-    for (int e = threadIdx.x; e < kUnits * kChunk; e += kThreads) {
-      const int u = e / kChunk, b = e % kChunk, gb = b0 + b, d = u0 + u;
-      if (d >= a.D || gb >= a.B) continue;
-      const long long hd = (long long)n * a.D + d;
-      float next[kS];
-      C::forward(In<T>{a, sums, u, b, gb, hd, NHD}, next);
+    float next[kS];
+    C::forward(In{e, sums, a.x != nullptr}, next);
 #pragma unroll
-      for (int k = 0; k < kS; ++k)
-        static_cast<T*>(a.new_states)[k * a.new_states_stride + gb * NHD + hd] = from_float<T>(next[k]);
+    for (int k = 0; k < kS; ++k)
+      static_cast<T*>(a.new_states)[k * a.new_states_stride + e.gb * NHD + e.hd] = from_float<T>(next[k]);
 #pragma unroll
-      for (int o = 0; o < kO; ++o)
-        if (a.y) static_cast<T*>(a.y)[((long long)o * a.B + gb) * NHD + hd] = from_float<T>(next[C::output_state(o)]);
-    }
+    for (int o = 0; o < kO; ++o)
+      if (a.y) static_cast<T*>(a.y)[((long long)o * a.B + e.gb) * NHD + e.hd] = from_float<T>(next[C::output_state(o)]);
   }
 };
 
@@ -360,6 +390,8 @@ struct MmaKernels {
     stage<T>(hs, kChunk, D, hvec, h,
              [&](const int b) -> const T* { return b0 + b < a.B ? h + (long long)(b0 + b) * NHD : nullptr; });
     cp_async_commit();
+    typename Base::Element e;  // loaded while the copies fly
+    e.template load<T>(a, u0, n, b0);
     cp_async_wait<0>();
     __syncthreads();
 
@@ -393,7 +425,7 @@ struct MmaKernels {
       if (r < (in_r ? kGr : kGx) * kUnits) sums[((in_r ? kGx * kUnits : 0) + r) * kChunk + b] = s;
     }
     __syncthreads();
-    Base::template cell<T>(a, sums, u0, n, b0);
+    Base::template cell<T>(a, sums, e);
   }
 };
 
