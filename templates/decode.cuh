@@ -440,9 +440,15 @@ int launch_as(const rnncc_decode_args* a, cudaStream_t stream) {
   using K = typename std::conditional<sizeof(T) == 2, MmaKernels<C, kChunk>, Kernels<C, kChunk>>::type;
   const size_t smem = K::smem_bytes(a->x ? a->I : 0, a->D);
   auto* kernel = step_kernel<K, T>;
-  if (smem > 48 * 1024) {
-    const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-    if (err != cudaSuccess) return (int)err;
+  if (smem > 48 * 1024) {  // opt in, once per device and size (not on every step)
+    static size_t allowed[64] = {};
+    int device = 0;
+    cudaGetDevice(&device);
+    if (device >= 64 || allowed[device] < smem) {
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (err != cudaSuccess) return (int)err;
+      if (device < 64) allowed[device] = smem;
+    }
   }
   const dim3 grid((a->D + kUnits - 1) / kUnits, a->NH, (a->B + kChunk - 1) / kChunk);
   kernel<<<grid, kThreads, smem, stream>>>(*a);

@@ -65,6 +65,25 @@ def test_decode_step_at_768_units(cells, name, B) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_the_largest_documented_step_fits(dtype) -> None:
+    """An LSTM of input size and hidden 1024, 17 rows (two batch chunks): the largest the
+    docs say fits the kernel's shared memory on an H100."""
+    dt = DTYPES[dtype]
+    torch.manual_seed(0)
+    layer = rnncc.RNN(rnncc.load_builtin("lstm"), 1024, 1024, device="cuda", dtype=dt)
+    ref = copy.deepcopy(layer).double()
+    ref.backend = "reference"
+    x = torch.randn(17, 1024, device="cuda").to(dt)
+    states = torch.randn(2, 1, 17, 1024, device="cuda").to(dt) * 0.5
+    with torch.no_grad():
+        out, new = layer.step(x, states)
+        assert layer.cell.last_backend == "decode"
+        out_ref, new_ref = ref(x.double()[:, None], states.double())
+    tol = TOLERANCES[dt]
+    assert rel_err(out, out_ref[:, 0]) <= tol and rel_err(new, new_ref) <= tol
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
 @pytest.mark.parametrize("name", ["lstm", "gru", "elman"])
 def test_stack_steps_equal_the_reference_sequence(name, dtype) -> None:
     """T steps of a 2-layer stack (the input projection inside the kernel) against the same
