@@ -92,6 +92,19 @@ class CellWeights(nn.Module):
         """``b`` as the cell takes it: the zeros of ``bias=False`` where the cell has b terms."""
         return self.b if self.b is not None else getattr(self, "_zero_b", None)
 
+    def tensors(self) -> tuple[torch.Tensor | None, ...]:
+        """``(W, W's bias, R, b, params)`` as the cell takes them (None where absent), read
+        from the module's dicts: a decoding step asks for them every call."""
+        proj = self._modules.get("input_proj")
+        W = Wb = None
+        if proj is not None:
+            W, Wb = proj._parameters.get("weight"), proj._parameters.get("bias")
+        params = self._parameters
+        b: torch.Tensor | None = params.get("b")
+        if b is None:
+            b = self._buffers.get("_zero_b")
+        return W, Wb, params.get("R"), b, params.get("params")
+
 
 class RNN(nn.Module):
     """A stack of layers running a compiled cell; see the module docstring and docs/api.md."""
@@ -315,16 +328,16 @@ class RNN(nn.Module):
             # The output: out_t itself for the top layer of a one-output cell; none below it
             # (the next layer reads the output state's new slice); else a buffer.
             y = (out_heads if top else None) if O == 1 else torch.empty(O, B, NH, D, **kw)
-            p = w.input_proj
+            W, Wb, R, b, params = (_cast(t, ctype) for t in w.tensors())
             decoder.decode(
-                None if p is None else h,
-                None if p is None else _cast(p.weight, ctype),
-                None if p is None else _cast(p.bias, ctype),
+                None if W is None else h,
+                W,
+                Wb,
                 None,
-                _cast(w.R, ctype),
-                _cast(w.bias(), ctype),
+                R,
+                b,
                 init[:, layer],
-                _cast(w.params, ctype),
+                params,
                 y,
                 new_heads[:, layer],
             )
@@ -405,7 +418,8 @@ class RNN(nn.Module):
     def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
         # The first layer's first weight (every layer holds the same dtype); not
         # self.parameters(), whose walk over the modules costs a step microseconds.
-        p = next(iter(self.weights[0]._parameters.values()), None) if len(self.weights) else None
+        first = next(iter(self.weights), None)
+        p = None if first is None else next(iter(first._parameters.values()), None)
         if p is None:
             p = next(self.parameters(), None)
         return x.dtype if p is None else p.dtype

@@ -451,3 +451,21 @@ def test_step_out_needs_the_decoding_kernel() -> None:
     m = layer("lstm", num_layers=2)
     with pytest.raises(ValueError, match="out= is for steps that record no gradient"):
         m.step(torch.randn(B, IN), out=(torch.empty(B, H), torch.empty(2, 2, B, H)))
+
+
+@pytest.mark.parametrize(("name", "bias"), [("lstm", True), ("lstm", False), ("sru", True)])
+def test_cell_weights_tensors_are_the_modules(name, bias) -> None:
+    """What a decoding step reads from the module's dicts is what its attributes hold."""
+    w = layer(name, bias=bias).weights[0]
+    proj = w.input_proj
+    want = (
+        None if proj is None else proj.weight,
+        None if proj is None else proj.bias,
+        w.R,
+        w.bias(),
+        w.params,
+    )
+    got = w.tensors()
+    assert len(got) == 5
+    assert all(a is b for a, b in zip(got, want, strict=True))
+    assert (got[3] is None) == (w.bias() is None) and (bias or got[1] is None)
