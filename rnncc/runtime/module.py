@@ -211,7 +211,8 @@ class RNN(nn.Module):
                     f"x is a PackedSequence of data shape {_shape(packed.data)}, expected "
                     f"[N, input_size={self.input_size}]"
                 )
-            x, lengths = _padded(packed)
+            index, lengths, T_packed = _packed_rows(packed)  # once: the way in and out
+            x = _padded(packed, index, len(lengths), T_packed)
         else:
             if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size:
                 order = "[B, T, input_size]" if self.batch_first else "[T, B, input_size]"
@@ -248,7 +249,7 @@ class RNN(nn.Module):
             last = torch.cat(lasts, dim=1)
             if packed is not None:
                 assert lengths is not None
-                return _packed_like(h, lengths, packed), last
+                return _packed_like(h, index, T_packed, packed), last
         return (h if self.batch_first else h.transpose(0, 1)), last
 
     def step(
@@ -530,17 +531,19 @@ def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor, in
     return index, lengths, T
 
 
-def _padded(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor]:
-    """``pad_packed_sequence(packed, batch_first=True)`` as one differentiable scatter."""
-    index, lengths, T = _packed_rows(packed)
+def _padded(packed: PackedSequence, index: torch.Tensor, B: int, T: int) -> torch.Tensor:
+    """``pad_packed_sequence(packed, batch_first=True)``'s tensor as one differentiable
+    scatter (``index``: ``_packed_rows``')."""
     data = packed.data
-    flat = data.new_zeros((len(lengths) * T, data.shape[1])).index_copy(0, index, data)
-    return flat.view(len(lengths), T, data.shape[1]), lengths
+    flat = data.new_zeros((B * T, data.shape[1])).index_copy(0, index, data)
+    return flat.view(B, T, data.shape[1])
 
 
-def _packed_like(out: torch.Tensor, lengths: torch.Tensor, like: PackedSequence) -> PackedSequence:
-    """``out`` ``[B, T, F]`` (batch in the caller's order) packed in ``like``'s layout: its
-    batch sizes and sort order, as ``nn.LSTM`` returns a packed output; one gather."""
-    index, _, T = _packed_rows(like)
+def _packed_like(
+    out: torch.Tensor, index: torch.Tensor, T: int, like: PackedSequence
+) -> PackedSequence:
+    """``out`` ``[B, T', F]`` (batch in the caller's order) packed in ``like``'s layout (its
+    batch sizes and sort order; ``index``, ``T``: its ``_packed_rows``), as ``nn.LSTM``
+    returns a packed output; one gather."""
     data = out[:, :T].reshape(-1, out.shape[-1]).index_select(0, index)
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
