@@ -319,7 +319,7 @@ class RNN(nn.Module):
         first = cell.state_names.index(cell.outputs[0])  # the output state
         # [S, L, B, NH, D]: a layer's states are one index away (views, as every slice below)
         init, new_heads = init.reshape(S, L, B, NH, D), new.view(S, L, B, NH, D)
-        out_heads = out_t.view(1, B, NH, D)
+        out_heads = out_t.view(1, B, NH, D) if O == 1 else None  # (else out_t gets a copy)
         h = _cast(x_t, ctype)
         for layer, w in enumerate(self.weights):
             assert isinstance(w, CellWeights)

@@ -84,15 +84,15 @@ def test_the_largest_documented_step_fits(dtype) -> None:
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "bf16"])
-@pytest.mark.parametrize("name", ["lstm", "gru", "elman"])
+@pytest.mark.parametrize("name", ["lstm", "gru", "elman", "peephole_lstm"])
 def test_stack_steps_equal_the_reference_sequence(name, dtype) -> None:
     """T steps of a 2-layer stack (the input projection inside the kernel) against the same
-    layer over T steps in float64 on the reference backend."""
+    layer over T steps in float64 on the reference backend; the peephole LSTM has two
+    outputs (h, c), so a layer's input is both."""
     dt = DTYPES[dtype]
     torch.manual_seed(0)
-    layer = rnncc.RNN(
-        rnncc.load_builtin(name), 24, 64, num_layers=2, num_heads=2, device="cuda", dtype=dt
-    )
+    cell = rnncc.load(next(p for p in EXAMPLES if p.stem == name))
+    layer = rnncc.RNN(cell, 24, 64, num_layers=2, num_heads=2, device="cuda", dtype=dt)
     ref = copy.deepcopy(layer).double()
     ref.backend = "reference"
     x = torch.randn(3, 5, 24, device="cuda").to(dt)
