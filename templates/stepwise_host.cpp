@@ -351,10 +351,10 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   return weight_gradients(k, Wx, hist, dGr, dGb, dP, batch, dWx, dstates);
 }
 
-// A [S, B, NH, D] view whose (B, NH, D) part is contiguous; the states may be strided.
-void check_states_view(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) == t.size(2) * t.size(3),
-              "rnncc decode: ", name, " must be [S, B, NH, D] with (B, NH, D) contiguous");
+// Whether t is a [S, B, NH, D] view whose (B, NH, D) part is contiguous (the states strided
+// or not): the layout the decoding kernel reads and writes.
+bool states_view(const at::Tensor& t) {
+  return t.dim() == 4 && t.stride(3) == 1 && t.stride(2) == t.size(3) && t.stride(1) == t.size(2) * t.size(3);
 }
 
 // Whether the bytes of two tensors' spans (first to last element) overlap.
@@ -376,17 +376,18 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 // and dtypes; the outputs must not overlap the states, which every block reads.
 void decode(const c10::optional<at::Tensor>& x_, const c10::optional<at::Tensor>& W_,
             const c10::optional<at::Tensor>& Wb_, const c10::optional<at::Tensor>& Wx_,
-            const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_, const at::Tensor& states,
+            const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_, const at::Tensor& states_,
             const c10::optional<at::Tensor>& params_, int64_t fn, at::IntArrayRef dims,
             const c10::optional<at::Tensor>& y_, const at::Tensor& new_states) {
   const Dims k(dims);
-  c10::cuda::CUDAGuard guard(states.device());
+  c10::cuda::CUDAGuard guard(states_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor x = opt(x_), W = opt(W_), Wb = opt(Wb_), Wx = opt(Wx_), R = opt(R_), bias = opt(b_),
                    params = opt(params_);
   const at::Tensor y = y_.has_value() ? *y_ : at::Tensor();
-  check_states_view(states, "states");
-  check_states_view(new_states, "new_states");
+  const at::Tensor states = states_view(states_) ? states_ : states_.contiguous();  // only read
+  TORCH_CHECK(states.dim() == 4 && states_view(new_states),
+              "rnncc decode: new_states must be [S, B, NH, D] with (B, NH, D) contiguous");
   TORCH_CHECK(!y.defined() || y.is_contiguous(), "rnncc decode: y must be contiguous");
   TORCH_CHECK(!overlaps(new_states, states) && !overlaps(y, states),
               "rnncc decode: the new states and outputs must not overlap the states they are computed from");

@@ -172,6 +172,25 @@ def test_decoding_a_stack_with_feedback_captures_in_a_cuda_graph() -> None:
     torch.testing.assert_close(ga, eager[1], rtol=0, atol=0)
 
 
+def test_states_of_any_layout_are_read() -> None:
+    """States whose (B, NH, D) part is not contiguous (here head-major) are read as such."""
+    cell = rnncc.load_builtin("lstm")
+    kw = _like(torch.empty(0, device="cuda", dtype=torch.bfloat16))
+    Wx, R, b = (
+        torch.randn(3, 4, 2, 8, **kw),
+        torch.randn(4, 2, 8, 8, **kw),
+        torch.randn(4, 2, 8, **kw),
+    )
+    head_major = torch.randn(2, 2, 3, 8, **kw)  # [S, NH, B, D]
+    s = head_major.transpose(1, 2)  # [S, B, NH, D], strided
+    with torch.no_grad():
+        got = cell.step(Wx, R, b, s)
+        want = cell.step(Wx, R, b, s.contiguous())
+    assert cell.last_backend == "decode"
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e, rtol=0, atol=0)
+
+
 def test_new_states_may_not_overlap_the_states() -> None:
     cell = rnncc.load_builtin("lstm")
     kw = _like(torch.empty(0, device="cuda", dtype=torch.bfloat16))
