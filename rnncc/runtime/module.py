@@ -408,12 +408,18 @@ class RNN(nn.Module):
         linears = [w.input_proj for w in ws if w.input_proj is not None]
         if not linears:  # a cell without W x
             return x.new_empty(B, T, 0, dirs * NH, D, dtype=ctype)
-        weight = torch.stack([_cast(p.weight, ctype).view(G, H, I) for p in linears], dim=1)
-        bias = None
-        if linears[0].bias is not None:
-            bias = torch.stack([_cast(p.bias, ctype).view(G, H) for p in linears], dim=1)
-            bias = bias.reshape(-1)
-        out = nn.functional.linear(_cast(x, ctype), weight.reshape(G * dirs * H, I), bias)
+
+        def interleaved(ts: Sequence[torch.Tensor], rows: tuple[int, ...]) -> torch.Tensor:
+            # gate-major rows of every direction, gate by gate (one direction: as it is)
+            cast = [_cast(t, ctype) for t in ts]
+            if len(cast) == 1:
+                return cast[0]
+            return torch.stack([t.view(rows) for t in cast], dim=1).flatten(0, 2)
+
+        weight = interleaved([p.weight for p in linears], (G, H, I))
+        biases = [p.bias for p in linears if p.bias is not None]
+        bias = interleaved(biases, (G, H, 1)).view(-1) if biases else None
+        out = nn.functional.linear(_cast(x, ctype), weight, bias)
         return out.view(B, T, G, dirs * NH, D)
 
     def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
