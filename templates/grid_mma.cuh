@@ -120,7 +120,14 @@ struct Kernels : MmaCommon<C> {
     constexpr int kThreads = C::kGridFwThreads[grid_kernel_index(NT, UW)];
     constexpr int kWarps = C::kFwWarps[UW - 1], kKT = C::kFwKT[UW - 1];  // product warps, k tiles of R·h each
     constexpr int kMT = UW * kPairs;  // m tiles of R·h: the gate pairs of each unit tile
+    // A warp's first kRKT k tiles of R in registers, the other kSKT in shared memory (fst: one
+    // A fragment per lane, [warp][k tile][m tile][lane]), read each step: heads past what the
+    // registers hold (the plan sizes both, kFwStore bytes of shared memory before red).
+    constexpr int kRKT = C::kFwRegKT[UW - 1], kSKT = kKT - kRKT;
+    static_assert(kRKT >= 0 && kSKT >= 0 && kWarps * kSKT * kMT * 32 * 16 <= C::kFwStore[UW - 1],
+                  "a warp's k tiles are in registers or in the plan's fragment store");
     extern __shared__ __align__(16) unsigned char smem[];
+    uint4* const fst = reinterpret_cast<uint4*>(smem);
     // The chunk's n tiles in kSplit parts, each a recurrence of its own (its own counter): while
     // one part's h crosses the exchange, the block runs the other's product and cell. Each part
     // costs a wait of its own, so this pays only where the product is long: measured on the
@@ -157,25 +164,38 @@ struct Kernels : MmaCommon<C> {
     // together: the C fragment's 4 (float4, kQ = 2) or its 2 of a row parity (float2 c0, c2 and
     // c1, c3, kQ = 1); summed over the warps kRedChunk parts at a time (rnncc::sum_parts).
     typedef typename std::conditional<kQ == 2, float4, float2>::type Part;
-    Part* const red = reinterpret_cast<Part*>(smem);
+    Part* const red = reinterpret_cast<Part*>(smem + C::kFwStore[UW - 1]);
     constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
 
     // A fragments of R, k tiles [kKT warp, kKT warp + kKT) (zero past the head); m tile m: gates
-    // 2p, 2p + 1 (p = m % kPairs) of unit tile m / kPairs.
-    uint32_t ra[kMT][kKT][4];
+    // 2p, 2p + 1 (p = m % kPairs) of unit tile m / kPairs. A lane reads back only what it stored.
+    uint32_t ra[kMT][kRKT > 0 ? kRKT : 1][4];
+    auto stored = [&](const int i, const int m) -> uint4& { return fst[((warp * kSKT + i - kRKT) * kMT + m) * 32 + lane]; };
+    auto fill = [&](const int i) {
+      const T* R = static_cast<const T*>(a.R);
+      const int k0 = 16 * (kKT * warp + i) + 2 * c4;
 #pragma unroll
-    for (int m = 0; m < kMT; ++m) {
-      const int p = m % kPairs, dr = 8 * (UW * u + m / kPairs) + g8;
+      for (int m = 0; m < kMT; ++m) {
+        const int p = m % kPairs, dr = 8 * (UW * u + m / kPairs) + g8;
+        const uint32_t f[4] = {
+            rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0), r_at(R, a.NH, n, 2 * p, dr, k0 + 1)),
+            rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 1)),
+            rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0 + 8), r_at(R, a.NH, n, 2 * p, dr, k0 + 9)),
+            rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 8), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 9))};
+        if (i < kRKT) {
 #pragma unroll
-      for (int i = 0; i < kKT; ++i) {
-        const T* R = static_cast<const T*>(a.R);
-        const int k0 = 16 * (kKT * warp + i) + 2 * c4;
-        ra[m][i][0] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0), r_at(R, a.NH, n, 2 * p, dr, k0 + 1));
-        ra[m][i][1] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 1));
-        ra[m][i][2] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0 + 8), r_at(R, a.NH, n, 2 * p, dr, k0 + 9));
-        ra[m][i][3] = rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 8), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 9));
+          for (int r = 0; r < 4; ++r) ra[m][i < kRKT ? i : 0][r] = f[r];
+        } else if (warp < kWarps) {
+          stored(i, m) = make_uint4(f[0], f[1], f[2], f[3]);
+        }
       }
-    }
+    };
+    // The store's tiles in a loop: unrolled with the registers' ones, ptxas hoisted their loads
+    // and spilled (as the backward's).
+#pragma unroll
+    for (int i = 0; i < kRKT; ++i) fill(i);
+#pragma unroll 1
+    for (int i = kRKT; i < kKT; ++i) fill(i);
 
     float st[kS][2];  // [q]: slot 1 unused where kQ = 1, as in bv, pv and W x
     float pv[kP > 0 ? kP : 1][2];
@@ -263,7 +283,15 @@ struct Kernels : MmaCommon<C> {
                 for (int i = 0; i < kKT; ++i) {
                   if (kKT * warp + i < kKTiles) {
 #pragma unroll
-                    for (int m = 0; m < kMT; ++m) rnncc::mma16816<T>(acc[m], ra[m][i], hb[j][i][0], hb[j][i][1]);
+                    for (int m = 0; m < kMT; ++m) {
+                      if (i < kRKT) {
+                        rnncc::mma16816<T>(acc[m], ra[m][i < kRKT ? i : 0], hb[j][i][0], hb[j][i][1]);
+                      } else {
+                        const uint4 v = stored(i, m);
+                        const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+                        rnncc::mma16816<T>(acc[m], f, hb[j][i][0], hb[j][i][1]);
+                      }
+                    }
                   }
                 }
 #pragma unroll
@@ -381,8 +409,16 @@ struct Kernels : MmaCommon<C> {
     constexpr int kMT = UW == 2 ? NT : (NT + 1) / 2;
     constexpr int kMJ = kMT < 2 ? kMT : 2;  // tiles whose dg fragments are loaded at once
     constexpr int kUnits = 8 * UW;  // units per block
+    // A warp's first kRKT gate-row k tiles of R in registers, the other kSKT in shared memory
+    // (fst: a lane's kF words of one fragment, [warp][k tile][lane]), as the forward's.
+    constexpr int kF = UW == 2 ? 4 : 2;
+    constexpr int kRKT = C::kBwRegKT[UW - 1], kSKT = kKT - kRKT;
+    static_assert(kRKT >= 0 && kSKT >= 0 && kWarps * kSKT * 32 * kF * 4 <= C::kBwStore[UW - 1],
+                  "a warp's k tiles are in registers or in the plan's fragment store");
+    typedef typename std::conditional<UW == 2, uint4, uint2>::type Frag;
     extern __shared__ __align__(16) unsigned char smem[];
-    float* const red = reinterpret_cast<float*>(smem);  // the warps' parts of dgᵀ·R
+    Frag* const fst = reinterpret_cast<Frag*>(smem);
+    float* const red = reinterpret_cast<float*>(smem + C::kBwStore[UW - 1]);  // the warps' parts of dgᵀ·R
     float (*const bsm)[kUnits] = reinterpret_cast<float (*)[kUnits]>(red + kWarps * kMT * 4 * 32);  // [kGb][kUnits]
     float (*const psm)[kUnits] = bsm + (kGb > 0 ? kGb : 1);  // [kP][kUnits]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -401,23 +437,53 @@ struct Kernels : MmaCommon<C> {
 
     // R's fragments, gate-row k tiles [kKT warp, kKT warp + kKT): narrow, B fragments (column j:
     // unit d_blk + j); wide, A fragments of Rᵀ (row m: unit d_blk + m).
-    uint32_t rf[kKT][UW == 2 ? 4 : 2];
-#pragma unroll
-    for (int i = 0; i < kKT; ++i) {
+    uint32_t rf[kRKT > 0 ? kRKT : 1][kF];
+    auto stored = [&](const int i) -> Frag& { return fst[(warp * kSKT + i - kRKT) * 32 + lane]; };
+    auto fill = [&](const int i) {
       const T* R = static_cast<const T*>(a.R);
       const int r0 = 16 * (kKT * warp + i) + 2 * c4, r1 = r0 + 8, in = d_blk + g8;
       auto rt = [&](const int r, const int d) {  // Rᵀ[d][r r + 1], packed
         return rnncc::pack2<T>(r_at(R, a.NH, n, r / kKP, r % kKP, d), r_at(R, a.NH, n, (r + 1) / kKP, (r + 1) % kKP, d));
       };
-      rf[i][0] = rt(r0, in);
+      uint32_t f[kF];
+      f[0] = rt(r0, in);
       if constexpr (UW == 2) {
-        rf[i][1] = rt(r0, in + 8);
-        rf[i][2] = rt(r1, in);
-        rf[i][3] = rt(r1, in + 8);
+        f[1] = rt(r0, in + 8);
+        f[2] = rt(r1, in);
+        f[3] = rt(r1, in + 8);
       } else {
-        rf[i][1] = rt(r1, in);
+        f[1] = rt(r1, in);
       }
-    }
+      if (i < kRKT) {
+#pragma unroll
+        for (int r = 0; r < kF; ++r) rf[i < kRKT ? i : 0][r] = f[r];
+      } else if (warp < kWarps) {
+        if constexpr (UW == 2)
+          stored(i) = make_uint4(f[0], f[1], f[2], f[3]);
+        else
+          stored(i) = make_uint2(f[0], f[1]);
+      }
+    };
+#pragma unroll
+    for (int i = 0; i < kRKT; ++i) fill(i);
+#pragma unroll 1
+    for (int i = kRKT; i < kKT; ++i) fill(i);
+    // k tile i's fragment: from registers, or shared memory (i from the loop over the store's
+    // groups, regs false: never from registers, as i is not known at compile time there).
+    auto frag = [&](const int i, uint32_t (&f)[kF], const bool regs) {
+      if (regs && i < kRKT) {
+#pragma unroll
+        for (int r = 0; r < kF; ++r) f[r] = rf[i < kRKT ? i : 0][r];
+      } else {
+        const Frag v = stored(i);
+        f[0] = v.x;
+        f[1] = v.y;
+        if constexpr (UW == 2) {
+          f[2] = v.z;
+          f[3] = v.w;
+        }
+      }
+    };
     if (threadIdx.x < kUnits) {
       const int du = d_blk + threadIdx.x;
 #pragma unroll
@@ -426,6 +492,15 @@ struct Kernels : MmaCommon<C> {
       for (int p = 0; p < kP; ++p)
         psm[p][threadIdx.x] = du < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + du]) : 0.0f;
     }
+    // The product over a warp's k tiles in groups of kBwGroup: unrolled while a group starts in
+    // the registers' tiles, the store's groups in a loop (unrolled, ptxas hoisted their loads
+    // and spilled 280-450 bytes at 2048 units).
+    auto groups = [&](const auto& group) {
+#pragma unroll
+      for (int i0 = 0; i0 < kRKT; i0 += kBwGroup) group(i0, true);
+#pragma unroll 1
+      for (int i0 = (kRKT + kBwGroup - 1) / kBwGroup * kBwGroup; i0 < kKT; i0 += kBwGroup) group(i0, false);
+    };
     float ds[kS][2];
     SumOverTime sums;
     // the lane's row's length, negative in a reversed head (one register: rnncc::signed_length)
@@ -542,8 +617,7 @@ struct Kernels : MmaCommon<C> {
                 lo_live[j] = m < kMT && b0 + 16 * m + g8 < a.B;
                 hi_live[j] = m < kMT && 16 * m + 8 < NT * 8 && b0 + 16 * m + 8 + g8 < a.B;  // else rows 8-15 are zero
               }
-#pragma unroll
-              for (int i0 = 0; i0 < kKT; i0 += kBwGroup) {
+              auto group = [&](const int i0, const bool regs) {
                 constexpr int kN = kBwGroup;
                 uint32_t lo[kMJ][kN][2], hi[kMJ][kN][2];
 #pragma unroll
@@ -558,10 +632,13 @@ struct Kernels : MmaCommon<C> {
                   for (int i = 0; i < kN; ++i) {
                     if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
                       const uint32_t ga[4] = {lo[j][i][0], hi[j][i][0], lo[j][i][1], hi[j][i][1]};
-                      rnncc::mma16816<T>(acc[j], ga, rf[i0 + i][0], rf[i0 + i][1]);
+                      uint32_t f[kF];
+                      frag(i0 + i, f, regs);
+                      rnncc::mma16816<T>(acc[j], ga, f[0], f[1]);
                     }
                   }
-              }
+              };
+              groups(group);
 #pragma unroll
               for (int j = 0; j < kMJ; ++j)
                 if (m0 + j < kMT) {
@@ -586,8 +663,7 @@ struct Kernels : MmaCommon<C> {
                 for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
                 live[j] = m0 + j < kMT && b0 + 8 * (m0 + j) + g8 < a.B;
               }
-#pragma unroll
-              for (int i0 = 0; i0 < kKT; i0 += kBwGroup) {
+              auto group = [&](const int i0, const bool regs) {
                 constexpr int kN = kBwGroup;
                 uint32_t fb[kMJ][kN][2];
 #pragma unroll
@@ -597,10 +673,14 @@ struct Kernels : MmaCommon<C> {
                 for (int j = 0; j < kMJ; ++j)
 #pragma unroll
                   for (int i = 0; i < kN; ++i) {
-                    if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles)
-                      rnncc::mma16816<T>(acc[j], rf[i0 + i], fb[j][i][0], fb[j][i][1]);
+                    if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
+                      uint32_t f[kF];
+                      frag(i0 + i, f, regs);
+                      rnncc::mma16816<T>(acc[j], f, fb[j][i][0], fb[j][i][1]);
+                    }
                   }
-              }
+              };
+              groups(group);
               // C rows g8 and g8 + 8 (units), columns 2 c4, + 1 (batch rows): red[warp][tile][unit][row].
 #pragma unroll
               for (int j = 0; j < kMJ; ++j)

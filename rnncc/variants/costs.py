@@ -25,6 +25,8 @@ GRID_STEP_US = 1.45
 #: the blocks of one SM together.
 GRID_GATHER_BYTES_PER_US = 30e3
 GRID_SM_GATHER_BYTES_PER_US = 42e3
+#: Shared memory an SM reads per clock (the split grid blocks' part of R, each step).
+SMEM_BYTES_PER_CLK = 128
 #: A stepwise step: a batched matrix product and a pointwise kernel, launched from the host
 #: loop (launch-bound at the problem sizes rnncc targets).
 STEPWISE_STEP_US = 24.0

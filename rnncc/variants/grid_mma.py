@@ -28,6 +28,8 @@ from rnncc.variants.costs import (
     GRID_GATHER_BYTES_PER_US,
     GRID_SM_GATHER_BYTES_PER_US,
     GRID_STEP_US,
+    SMEM_BYTES_PER_CLK,
+    cycles_us,
     mma_us,
     pointwise_us,
 )
@@ -50,9 +52,20 @@ WIDE_MAX_HEAD_DIM = 768
 #: blocks take) built without spills up to 448 units for sm_80 and sm_89, and spilled 56-80
 #: bytes at 512 and 4-80 at 640 and 768.
 WIDE_MAX_HEAD_DIM_BEFORE_HOPPER = 448
+#: Narrow blocks (8 units, R in registers) up to this head dim: past it their product takes
+#: more warps than leave registers for R (at 2048, 16 warps spilled), and wide blocks hold it.
+NARROW_MAX_HEAD_DIM = 1024
 #: Warps a block's product may take: narrow, and wide.
 MAX_WARPS = {1: 32, 2: 12}
 BACKWARD_FACTOR = 1.6
+#: Past NARROW_MAX_HEAD_DIM (Hopper only), wide blocks split R between registers and shared
+#: memory: this many product warps (256 threads, so 255 registers each), their first k tiles'
+#: fragments in at most this many registers per thread (forward, backward), the others in
+#: shared memory, read each step (the fragment store). More spilled in ptxas (the LSTM at
+#: 2048 units: a backward of 96, 168 bytes).
+SPLIT_WARPS = 8
+SPLIT_FW_REGISTERS = 96
+SPLIT_BW_REGISTERS = 64
 
 
 def k_tiles(p: Problem) -> int:
@@ -69,9 +82,16 @@ def gate_tiles(p: Problem) -> int:
     return max(p.gates_r, 1) * k_tiles(p)
 
 
+def split(p: Problem, uw: int) -> bool:
+    """Whether wide blocks keep part of R in shared memory (heads past NARROW_MAX_HEAD_DIM)."""
+    return uw == 2 and p.head_dim > NARROW_MAX_HEAD_DIM
+
+
 def forward_warps(p: Problem, uw: int) -> tuple[int, int]:
     """(warps, k tiles each) of R·h: 16 k tiles' fragments per warp at most (64 registers),
-    fewer where the block's gate pairs take more."""
+    fewer where the block's gate pairs take more; split blocks: SPLIT_WARPS warps."""
+    if split(p, uw):
+        return SPLIT_WARPS, cdiv(k_tiles(p), SPLIT_WARPS)
     kt = 1 if gate_pairs(p) * uw >= 16 else 16 // (gate_pairs(p) * uw)
     w = cdiv(k_tiles(p), kt)
     return w, cdiv(k_tiles(p), w)
@@ -80,13 +100,43 @@ def forward_warps(p: Problem, uw: int) -> tuple[int, int]:
 def backward_warps(p: Problem, uw: int) -> tuple[int, int]:
     """(warps, k tiles each) of dgᵀ·R. Narrow (R as B fragments, 2 registers per k tile): 24
     k tiles per warp while that takes at most 8 warps, else 32. Wide (R as A fragments, 4
-    per k tile): 8 k tiles per warp while that takes at most 12 warps, else 16."""
+    per k tile): 8 k tiles per warp while that takes at most 12 warps, else 16; split blocks:
+    SPLIT_WARPS warps."""
     g = gate_tiles(p)
+    if split(p, uw):
+        return SPLIT_WARPS, cdiv(g, SPLIT_WARPS)
     if uw == 2:
         w = cdiv(g, 8) if cdiv(g, 8) <= 12 else cdiv(g, 16)
     else:
         w = cdiv(g, 24) if cdiv(g, 24) <= 8 else cdiv(g, 32)
     return w, cdiv(g, w)
+
+
+def forward_registers(p: Problem, uw: int) -> int:
+    """The k tiles of a warp's range of R·h whose fragments (4 registers per m tile) stay in
+    registers: all of them, or on split blocks as many as SPLIT_FW_REGISTERS hold."""
+    kt = forward_warps(p, uw)[1]
+    return min(kt, SPLIT_FW_REGISTERS // (4 * uw * gate_pairs(p))) if split(p, uw) else kt
+
+
+def backward_registers(p: Problem, uw: int) -> int:
+    """As forward_registers for dgᵀ·R (4 registers per k tile on wide blocks)."""
+    kt = backward_warps(p, uw)[1]
+    return min(kt, SPLIT_BW_REGISTERS // 4) if split(p, uw) else kt
+
+
+def forward_store(p: Problem, uw: int) -> int:
+    """Bytes of the forward's fragment store: each warp's k tiles past its registers, one A
+    fragment (16 bytes a lane) per m tile."""
+    warps, kt = forward_warps(p, uw)
+    return warps * (kt - forward_registers(p, uw)) * uw * gate_pairs(p) * 32 * 16
+
+
+def backward_store(p: Problem, uw: int) -> int:
+    """Bytes of the backward's fragment store: each warp's k tiles past its registers, one
+    fragment (16 bytes a lane wide, 8 narrow)."""
+    warps, kt = backward_warps(p, uw)
+    return warps * (kt - backward_registers(p, uw)) * 32 * (16 if uw == 2 else 8)
 
 
 def threads(warps: int, nt: int, uw: int) -> int:
@@ -95,15 +145,16 @@ def threads(warps: int, nt: int, uw: int) -> int:
 
 
 def forward_smem(p: Problem, nt: int, uw: int) -> int:
-    """The warps' partial R·h, float."""
-    return forward_warps(p, uw)[0] * uw * gate_pairs(p) * nt * 4 * 32 * 4
+    """The fragment store, then the warps' partial R·h, float."""
+    return forward_store(p, uw) + forward_warps(p, uw)[0] * uw * gate_pairs(p) * nt * 4 * 32 * 4
 
 
 def backward_smem(p: Problem, nt: int, uw: int) -> int:
-    """The warps' partial dgᵀ·R, float, and the block's biases and params."""
+    """The fragment store, then the warps' partial dgᵀ·R, float, and the block's biases and
+    params."""
     tiles = nt if uw == 2 else cdiv(nt, 2)
     side = (max(p.gates_b, 1) + max(p.n_params, 1)) * 8 * uw * 4
-    return backward_warps(p, uw)[0] * tiles * 4 * 32 * 4 + side
+    return backward_store(p, uw) + backward_warps(p, uw)[0] * tiles * 4 * 32 * 4 + side
 
 
 def exchange_words(p: Problem) -> int:
@@ -123,6 +174,8 @@ def wide_head_dim_limit(caps: HardwareCaps | None) -> int:
 
 
 def wide_allowed(p: Problem, caps: HardwareCaps | None = None) -> bool:
+    if p.head_dim > NARROW_MAX_HEAD_DIM:
+        return caps is None or caps.arch == "sm_90"  # split blocks
     return p.n_states + p.n_params <= WIDE_MAX_STATE_WORDS and p.head_dim <= wide_head_dim_limit(
         caps
     )
@@ -188,6 +241,10 @@ def wide_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:
     return uw == 1 or wide_allowed(p, caps)
 
 
+def narrow_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:
+    return uw == 2 or p.head_dim <= NARROW_MAX_HEAD_DIM
+
+
 def kernel_exists(p: Problem, caps: HardwareCaps, nt: int, uw: int) -> bool:
     return (nt, uw) in KERNELS
 
@@ -211,6 +268,8 @@ def _kernel_table(p: Problem, caps_smem: int, caps: HardwareCaps | None) -> list
     for nt, uw in KERNELS:
         if uw == 2 and not wide_allowed(p, caps):
             continue
+        if uw == 1 and p.head_dim > NARROW_MAX_HEAD_DIM:
+            continue
         fw, bw = forward_warps(p, uw), backward_warps(p, uw)
         if max(fw[0], bw[0]) > MAX_WARPS[uw]:
             continue
@@ -229,6 +288,10 @@ def _kernel_table(p: Problem, caps_smem: int, caps: HardwareCaps | None) -> list
                 "bw_threads": threads(bw[0], nt, uw),
                 "fw_smem": fs,
                 "bw_smem": bs,
+                "fw_registers": forward_registers(p, uw),
+                "bw_registers": backward_registers(p, uw),
+                "fw_store": forward_store(p, uw),
+                "bw_store": backward_store(p, uw),
             }
         )
     return table
@@ -263,6 +326,10 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
         ("int", "kFwKT[2]", per_width("fw_k_tiles")),
         ("int", "kBwWarps[2]", per_width("bw_warps")),
         ("int", "kBwKT[2]", per_width("bw_k_tiles")),
+        ("int", "kFwRegKT[2]", per_width("fw_registers")),
+        ("int", "kBwRegKT[2]", per_width("bw_registers")),
+        ("size_t", "kFwStore[2]", per_width("fw_store")),
+        ("size_t", "kBwStore[2]", per_width("bw_store")),
     ]
 
 
@@ -294,8 +361,15 @@ class GridMma(Variant):
             "wide_blocks_fit_registers",
             f"wide blocks (16 units) only for cells of at most {WIDE_MAX_STATE_WORDS} states "
             f"plus params and head dims ≤ {WIDE_MAX_HEAD_DIM} (Hopper) or "
-            f"{WIDE_MAX_HEAD_DIM_BEFORE_HOPPER} (sm_80, sm_86, sm_89)",
+            f"{WIDE_MAX_HEAD_DIM_BEFORE_HOPPER} (sm_80, sm_86, sm_89); past "
+            f"{NARROW_MAX_HEAD_DIM} on Hopper, split between registers and shared memory",
             wide_blocks_fit_registers,
+            ("unit_tiles",),
+        ),
+        Constraint(
+            "narrow_blocks_fit_registers",
+            f"narrow blocks (8 units, R in registers) only up to head dim {NARROW_MAX_HEAD_DIM}",
+            narrow_blocks_fit_registers,
             ("unit_tiles",),
         ),
         Constraint(
@@ -329,7 +403,8 @@ class GridMma(Variant):
         ),
         Constraint(
             "partial_sums_fit_shared_memory",
-            "a block's partial products fit its opt-in shared memory",
+            "a block's partial products (and the part of R a split block keeps there) fit its "
+            "opt-in shared memory",
             partial_sums_fit_shared_memory,
             ("n_tiles", "unit_tiles"),
             usage=lambda p, caps, pt: (
@@ -402,7 +477,14 @@ class GridMma(Variant):
         gather = max(nbytes / GRID_GATHER_BYTES_PER_US, bps * nbytes / GRID_SM_GATHER_BYTES_PER_US)
         product = bps * mma_us(max(p.gates_r, 1) * units * k_tiles(p) * 16 * rows, caps)
         cell = pointwise_us(p, caps, bps * units * rows)  # co-resident blocks' chains overlap
-        terms = (("wait", GRID_STEP_US), ("gather", gather), ("product", product), ("cell", cell))
+        terms: tuple[tuple[str, float], ...] = (
+            ("wait", GRID_STEP_US),
+            ("gather", gather),
+            ("product", product),
+            ("cell", cell),
+        )
+        if split(p, uw):  # the part of R in shared memory, read every step
+            terms += (("store", cycles_us(bps * forward_store(p, uw) / SMEM_BYTES_PER_CLK, caps)),)
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps, point)[2]
         return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)

@@ -23,12 +23,12 @@ def _ruled_out(message: str) -> dict[str, list[str]]:
     return found
 
 
-def test_2048_runs_on_no_fused_variant(problem: Callable[..., Problem], h100: HardwareCaps) -> None:
+def test_4096_runs_on_no_fused_variant(problem: Callable[..., Problem], h100: HardwareCaps) -> None:
     with pytest.raises(TilingError) as info:
-        solve(problem("lstm", 1, 2048), h100, FUSED)
+        solve(problem("lstm", 1, 4096), h100, FUSED)
     message = str(info.value)
     assert message.startswith(
-        "no kernel variant runs Gr=4, NH=1, D=2048, B=16, bf16 on NVIDIA H100 SXM (132 SMs)\n"
+        "no kernel variant runs Gr=4, NH=1, D=4096, B=16, bf16 on NVIDIA H100 SXM (132 SMs)\n"
     )
     # bf16 is not block_ffma's dtype: it is not a candidate and not listed.
     assert _ruled_out(message) == {
@@ -41,32 +41,34 @@ def test_2048_runs_on_no_fused_variant(problem: Callable[..., Problem], h100: Ha
             "backward_fits_static_shared_memory",
             "backward_fits_shared_memory",
         ],
-        # Narrow blocks: 2048 / 8 = 256 of them per head, beyond 132 SMs; wide ones (128
-        # blocks) exist only up to D = 768 and would need 32 product warps of 12. The nearest
-        # misses are the narrow points, which break only co-residency.
-        # The nearest misses: narrow blocks one per SM (too many for the SMs), or two per SM
-        # (more than an SM holds at any register count).
-        "grid_mma": ["blocks_fit_an_sm", "head_blocks_co_resident"],
+        # Narrow blocks stop at 1024 units; wide ones split R between registers and shared
+        # memory, but 4096 / 16 = 256 blocks hold 512 KiB of R each: the nearest misses are
+        # wide blocks two per SM, whose shared memory is short.
+        "grid_mma": ["partial_sums_fit_shared_memory", "narrow_blocks_fit_registers"],
     }
 
 
 def test_wide_blocks_are_ruled_out_by_their_own_constraints(
     problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    p = problem("lstm", 1, 2048)
     constraints = BY_NAME["grid_mma"].constraints
-    wide = {
-        c.name
-        for c in constraints
-        if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 2, "blocks_per_sm": 1})
+
+    def broken(p: Problem, uw: int, bps: int = 1) -> set[str]:
+        point = {"n_tiles": 1, "unit_tiles": uw, "blocks_per_sm": bps}
+        return {c.name for c in constraints if not c.holds(p, h100, point)}
+
+    # 1024: narrow blocks; wide ones stop at 768 units and split R only past 1024.
+    assert broken(problem("lstm", 1, 1024), 2) == {"wide_blocks_fit_registers", "product_warps"}
+    assert broken(problem("lstm", 1, 1024), 1) == set()
+    # 2048: split wide blocks, 128 of them; narrow ones stop at 1024 units.
+    assert broken(problem("lstm", 1, 2048), 2) == set()
+    assert broken(problem("lstm", 1, 2048), 1) == {
+        "narrow_blocks_fit_registers",
+        "head_blocks_co_resident",
     }
-    assert wide == {"wide_blocks_fit_registers", "product_warps"}
-    narrow = {
-        c.name
-        for c in constraints
-        if not c.holds(p, h100, {"n_tiles": 1, "unit_tiles": 1, "blocks_per_sm": 1})
-    }
-    assert narrow == {"head_blocks_co_resident"}
+    p4096 = problem("lstm", 1, 4096)
+    assert broken(p4096, 2) == {"partial_sums_fit_shared_memory", "head_blocks_co_resident"}
+    assert broken(p4096, 2, 2) == {"partial_sums_fit_shared_memory"}
 
 
 def test_fp32_past_64_has_no_fused_variant(
@@ -91,8 +93,11 @@ def test_no_variant_stores_the_dtype(problem: Callable[..., Problem], h100: Hard
 def test_stepwise_runs_what_no_fused_variant_does(
     problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    plan = solve(problem("lstm", 1, 2048), h100)
+    plan = solve(problem("lstm", 1, 4096), h100)
     assert plan.variant == "stepwise" and not plan.fused
     text = plan.explain()
-    assert "  other       grid_mma: ruled out by blocks_fit_an_sm, head_blocks_co_resident" in text
+    assert (
+        "  other       grid_mma: ruled out by partial_sums_fit_shared_memory, "
+        "narrow_blocks_fit_registers" in text
+    )
     assert "  other       block_mma: ruled out by block_warps, r_fragments_fit_registers" in text

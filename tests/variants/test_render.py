@@ -96,9 +96,10 @@ def test_head_dim_limits_of_each_variant():
     assert solve(problem(lstm, 65, FFMA), H100).variant == "stepwise"
     # 129 warps of 8 units: past the block tier's 16.
     assert "block_warps" in ruled_out(lstm, 1025, MMA)
-    # A head's blocks, 8 units each, must all be resident on the 132 SMs: 1056 units at most.
-    assert not ruled_out(lstm, 1056, GRID)
-    assert "head_blocks_co_resident" in ruled_out(lstm, 1057, GRID)
+    # A head's blocks, 16 units each past 1024 (R split between registers and shared
+    # memory), must all be resident on the 132 SMs: 2112 units at most.
+    assert not ruled_out(lstm, 2112, GRID)
+    assert "head_blocks_co_resident" in ruled_out(lstm, 2113, GRID)
     with pytest.raises(ValueError, match="got 'float64'"):
         Problem.from_cell(lstm, heads=1, head_dim=64, batch=16, dtype="float64")
 
@@ -364,7 +365,8 @@ def test_templates_do_not_recompute_the_build_record(template):
 def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     """The libraries the planner can choose on the device of ``caps`` for every example: the
     block variants at two head dims; the grid tier (28 kernels a library: the costly builds)
-    at 256 units for every example, at 768 for the largest cells, and at a small head once.
+    at 256 units for every example, at 768 for the largest cells, at a small head once, and
+    split wide blocks past 1024 units.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
     tier at 256 units, and the LSTM's at 448 (the largest head of wide blocks there) and, on
     sm_80, 768 (narrow blocks only: wide ones spilled there). Fewer than on Hopper: the suite's
@@ -377,6 +379,10 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
+        # Wide blocks that split R between registers and shared memory (past 1024 units):
+        # the LSTM and the sLSTM (the most states) at 2048, the GRU at a head of 97 k tiles.
+        cases += [(cells["lstm"], GRID, 2048), (cells["slstm"], GRID, 2048)]
+        cases += [(cells["gru"], GRID, 1552)]
     else:
         cases += [(cells["lstm"], GRID, 448)]
         if caps.arch == "sm_80":
