@@ -63,9 +63,11 @@ struct Kernels : MmaCommon<C> {
   // The plan (traits) sizes each kernel: kGridKernels of them, kernel i with blocks of kGridUW[i]
   // tiles of 8 units (1: narrow, 2: wide) and kGridNT[i] tiles of 8 batch rows, kGridFwThreads[i]
   // and kGridBwThreads[i] threads, kGridFwSmem[i] and kGridBwSmem[i] bytes of dynamic shared
-  // memory; the product's k split over kFwWarps[UW - 1] warps of kFwKT[UW - 1] k tiles (R·h) and
-  // kBwWarps[UW - 1] of kBwKT[UW - 1] (dgᵀ·R); kXWords exchange values per (head, batch row): dg
+  // memory; the product's k split over kFwWarps[w] warps of kFwKT[w] k tiles (R·h) and
+  // kBwWarps[w] of kBwKT[w] (dgᵀ·R), w = width(UW); kXWords exchange values per (head, batch row): dg
   // in fragment order, whole pairs of k tiles (rnncc::frag_pos; h fits in them, in the same order).
+  // The traits' arrays over block widths: narrow (UW 1), wide (2), streaming (4).
+  __host__ __device__ static constexpr int width(int uw) { return uw == 4 ? 2 : uw - 1; }
   __host__ __device__ static constexpr int grid_kernel_index(int nt, int uw) {
     for (int i = 0; i < kGridKernels; ++i)
       if (C::kGridNT[i] == nt && C::kGridUW[i] == uw) return i;
@@ -108,6 +110,11 @@ struct Kernels : MmaCommon<C> {
       groups = (rows + 7) / 8;
     }
     __device__ __forceinline__ unsigned short* slot(const int s) const { return values + (s & 1) * slot_size; }
+    // The part of R streamed from memory (rnncc_abi.h: past the counters, 16-byte aligned).
+    static __device__ __forceinline__ uint4* stream(unsigned* xchg, const int B, const int NH) {
+      const long long B8 = (B + 7) / 8 * 8, words = NH * B8 * kXWords + NH * (B8 / 8);
+      return reinterpret_cast<uint4*>(xchg + (words + 3) / 4 * 4);
+    }
     // A step's count on the counter of the chunk's 8-row groups [first, first + count).
     __device__ __forceinline__ unsigned per_step(const int first, const int count) const {
       const int live = groups - first < count ? groups - first : count;
@@ -118,14 +125,16 @@ struct Kernels : MmaCommon<C> {
   template <typename T, int NT, int UW>
   static __device__ __forceinline__ void forward(const rnncc_fused_args& a, const int n0, const int c0) {
     constexpr int kThreads = C::kGridFwThreads[grid_kernel_index(NT, UW)];
-    constexpr int kWarps = C::kFwWarps[UW - 1], kKT = C::kFwKT[UW - 1];  // product warps, k tiles of R·h each
+    constexpr int W = width(UW);
+    constexpr int kWarps = C::kFwWarps[W], kKT = C::kFwKT[W];  // product warps, k tiles of R·h each
     constexpr int kMT = UW * kPairs;  // m tiles of R·h: the gate pairs of each unit tile
-    // A warp's first kRKT k tiles of R in registers, the other kSKT in shared memory (fst: one
-    // A fragment per lane, [warp][k tile][m tile][lane]), read each step: heads past what the
-    // registers hold (the plan sizes both, kFwStore bytes of shared memory before red).
-    constexpr int kRKT = C::kFwRegKT[UW - 1], kSKT = kKT - kRKT;
-    static_assert(kRKT >= 0 && kSKT >= 0 && kWarps * kSKT * kMT * 32 * 16 <= C::kFwStore[UW - 1],
-                  "a warp's k tiles are in registers or in the plan's fragment store");
+    // A warp's first kRKT k tiles of R in registers, the next kSKT in shared memory (fst: one
+    // A fragment per lane, [warp][k tile][m tile][lane]) and the other kGKT in global memory
+    // (gst, the same order per block, Exchange::stream), read each step: heads past what the
+    // registers hold (the plan sizes them all, kFwStore bytes of shared memory before red).
+    constexpr int kRKT = C::kFwRegKT[W], kSKT = C::kFwSmemKT[W], kGKT = kKT - kRKT - kSKT;
+    static_assert(kRKT >= 0 && kSKT >= 0 && kGKT >= 0 && kWarps * kSKT * kMT * 32 * 16 <= C::kFwStore[W],
+                  "a warp's k tiles are in registers, the plan's fragment store or global memory");
     extern __shared__ __align__(16) unsigned char smem[];
     uint4* const fst = reinterpret_cast<uint4*>(smem);
     // The chunk's n tiles in kSplit parts, each a recurrence of its own (its own counter): while
@@ -136,7 +145,7 @@ struct Kernels : MmaCommon<C> {
     // instead of 3.4 at B = 32 (NT = 4); four parts at B = 64, 8.1.
     constexpr int kSplit = NT == 8 && UW == 1 ? 2 : 1, kNTh = NT / kSplit;
     // n tiles whose h fragments are loaded at once (wide: one, for its 168 registers per thread)
-    constexpr int kJ = kNTh < 2 || UW == 2 ? 1 : 2;
+    constexpr int kJ = kNTh < 2 || UW >= 2 ? 1 : 2;
     // A cell lane's batch rows: 8 jt + 2 c4 + q + qs for q < kQ. Where a narrow block has twice as
     // many warps as n tiles, two cell warps share an n tile, one per row parity qs (kQ = 1): each
     // lane sums and runs the cell for one row rather than two. Measured on the 1 x 768 LSTM forward
@@ -164,13 +173,25 @@ struct Kernels : MmaCommon<C> {
     // together: the C fragment's 4 (float4, kQ = 2) or its 2 of a row parity (float2 c0, c2 and
     // c1, c3, kQ = 1); summed over the warps kRedChunk parts at a time (rnncc::sum_parts).
     typedef typename std::conditional<kQ == 2, float4, float2>::type Part;
-    Part* const red = reinterpret_cast<Part*>(smem + C::kFwStore[UW - 1]);
+    Part* const red = reinterpret_cast<Part*>(smem + C::kFwStore[W]);
     constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
 
     // A fragments of R, k tiles [kKT warp, kKT warp + kKT) (zero past the head); m tile m: gates
     // 2p, 2p + 1 (p = m % kPairs) of unit tile m / kPairs. A lane reads back only what it stored.
     uint32_t ra[kMT][kRKT > 0 ? kRKT : 1][4];
-    auto stored = [&](const int i, const int m) -> uint4& { return fst[((warp * kSKT + i - kRKT) * kMT + m) * 32 + lane]; };
+    uint4* const gst = kGKT > 0 ? Exchange::stream(a.xchg, a.B, a.NH) +
+                                      (((long long)n * gridDim.x + u) * kWarps + warp) * kGKT * kMT * 32 + lane
+                                : nullptr;
+    auto stored = [&](const int i, const int m) -> uint4 {
+      if (i < kRKT + kSKT) return fst[((warp * kSKT + i - kRKT) * kMT + m) * 32 + lane];
+      return __ldcg(gst + ((i - kRKT - kSKT) * kMT + m) * 32);
+    };
+    auto store = [&](const int i, const int m, const uint4 v) {
+      if (i < kRKT + kSKT)
+        fst[((warp * kSKT + i - kRKT) * kMT + m) * 32 + lane] = v;
+      else
+        __stcg(gst + ((i - kRKT - kSKT) * kMT + m) * 32, v);
+    };
     auto fill = [&](const int i) {
       const T* R = static_cast<const T*>(a.R);
       const int k0 = 16 * (kKT * warp + i) + 2 * c4;
@@ -186,7 +207,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int r = 0; r < 4; ++r) ra[m][i < kRKT ? i : 0][r] = f[r];
         } else if (warp < kWarps) {
-          stored(i, m) = make_uint4(f[0], f[1], f[2], f[3]);
+          store(i, m, make_uint4(f[0], f[1], f[2], f[3]));
         }
       }
     };
@@ -404,22 +425,28 @@ struct Kernels : MmaCommon<C> {
   template <typename T, int NT, int UW>
   static __device__ __forceinline__ void backward(const rnncc_fused_bwd_args& a, const int n0, const int c0) {
     constexpr int kThreads = C::kGridBwThreads[grid_kernel_index(NT, UW)];
-    constexpr int kWarps = C::kBwWarps[UW - 1], kKT = C::kBwKT[UW - 1];  // product warps, gate-row k tiles each
-    // Tiles of dgᵀ·R: narrow, m tiles of 16 batch rows; wide, n tiles of 8 (m: the block's 16 units).
-    constexpr int kMT = UW == 2 ? NT : (NT + 1) / 2;
+    constexpr int W = width(UW);
+    constexpr int kWarps = C::kBwWarps[W], kKT = C::kBwKT[W];  // product warps, gate-row k tiles each
+    // Tiles of dgᵀ·R: narrow, m tiles of 16 batch rows; wide and streaming, n tiles of 8 (m: the
+    // block's units, kFA tiles of 16).
+    constexpr int kMT = UW >= 2 ? NT : (NT + 1) / 2;
     constexpr int kMJ = kMT < 2 ? kMT : 2;  // tiles whose dg fragments are loaded at once
     constexpr int kUnits = 8 * UW;  // units per block
-    // A warp's first kRKT gate-row k tiles of R in registers, the other kSKT in shared memory
-    // (fst: a lane's kF words of one fragment, [warp][k tile][lane]), as the forward's.
-    constexpr int kF = UW == 2 ? 4 : 2;
-    constexpr int kRKT = C::kBwRegKT[UW - 1], kSKT = kKT - kRKT;
-    static_assert(kRKT >= 0 && kSKT >= 0 && kWarps * kSKT * 32 * kF * 4 <= C::kBwStore[UW - 1],
-                  "a warp's k tiles are in registers or in the plan's fragment store");
-    typedef typename std::conditional<UW == 2, uint4, uint2>::type Frag;
+    constexpr int kFA = UW >= 2 ? UW / 2 : 1;  // fragments of R per k tile
+    constexpr int kRedTile = UW >= 2 ? kFA * 16 * 8 : 4 * 32;  // floats of one warp's tile in red
+    // A warp's first kRKT gate-row k tiles of R in registers, the next kSKT in shared memory
+    // (fst: a lane's kF words of each fragment, [warp][k tile][fragment][lane]) and the other
+    // kGKT in global memory (gst), as the forward's.
+    constexpr int kF = UW >= 2 ? 4 : 2;
+    constexpr int kRKT = C::kBwRegKT[W], kSKT = C::kBwSmemKT[W], kGKT = kKT - kRKT - kSKT;
+    static_assert(kRKT >= 0 && kSKT >= 0 && kGKT >= 0 && kWarps * kSKT * kFA * 32 * kF * 4 <= C::kBwStore[W],
+                  "a warp's k tiles are in registers, the plan's fragment store or global memory");
+    static_assert(kGKT == 0 || UW >= 2, "streamed fragments are A fragments");
+    typedef typename std::conditional<UW >= 2, uint4, uint2>::type Frag;
     extern __shared__ __align__(16) unsigned char smem[];
     Frag* const fst = reinterpret_cast<Frag*>(smem);
-    float* const red = reinterpret_cast<float*>(smem + C::kBwStore[UW - 1]);  // the warps' parts of dgᵀ·R
-    float (*const bsm)[kUnits] = reinterpret_cast<float (*)[kUnits]>(red + kWarps * kMT * 4 * 32);  // [kGb][kUnits]
+    float* const red = reinterpret_cast<float*>(smem + C::kBwStore[W]);  // the warps' parts of dgᵀ·R
+    float (*const bsm)[kUnits] = reinterpret_cast<float (*)[kUnits]>(red + kWarps * kMT * kRedTile);  // [kGb][kUnits]
     float (*const psm)[kUnits] = bsm + (kGb > 0 ? kGb : 1);  // [kP][kUnits]
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g8 = lane >> 2, c4 = lane & 3;
@@ -436,52 +463,72 @@ struct Kernels : MmaCommon<C> {
     const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows);
 
     // R's fragments, gate-row k tiles [kKT warp, kKT warp + kKT): narrow, B fragments (column j:
-    // unit d_blk + j); wide, A fragments of Rᵀ (row m: unit d_blk + m).
-    uint32_t rf[kRKT > 0 ? kRKT : 1][kF];
-    auto stored = [&](const int i) -> Frag& { return fst[(warp * kSKT + i - kRKT) * 32 + lane]; };
+    // unit d_blk + j); wide and streaming, A fragments of Rᵀ (fragment ua, row m: unit
+    // d_blk + 16 ua + m).
+    uint32_t rf[kRKT > 0 ? kRKT : 1][kFA][kF];
+    uint4* const gst = kGKT > 0 ? Exchange::stream(a.xchg, a.B, a.NH) +
+                                      (((long long)n * gridDim.x + u) * kWarps + warp) * kGKT * kFA * 32 + lane
+                                : nullptr;
+    // the fragment of store tile i (past the registers' tiles)
+    auto slot = [&](const int i, const int ua) { return ((i - kRKT) * kFA + ua) * 32; };
     auto fill = [&](const int i) {
       const T* R = static_cast<const T*>(a.R);
-      const int r0 = 16 * (kKT * warp + i) + 2 * c4, r1 = r0 + 8, in = d_blk + g8;
+      const int r0 = 16 * (kKT * warp + i) + 2 * c4, r1 = r0 + 8;
       auto rt = [&](const int r, const int d) {  // Rᵀ[d][r r + 1], packed
         return rnncc::pack2<T>(r_at(R, a.NH, n, r / kKP, r % kKP, d), r_at(R, a.NH, n, (r + 1) / kKP, (r + 1) % kKP, d));
       };
-      uint32_t f[kF];
-      f[0] = rt(r0, in);
-      if constexpr (UW == 2) {
-        f[1] = rt(r0, in + 8);
-        f[2] = rt(r1, in);
-        f[3] = rt(r1, in + 8);
-      } else {
-        f[1] = rt(r1, in);
-      }
-      if (i < kRKT) {
 #pragma unroll
-        for (int r = 0; r < kF; ++r) rf[i < kRKT ? i : 0][r] = f[r];
-      } else if (warp < kWarps) {
-        if constexpr (UW == 2)
-          stored(i) = make_uint4(f[0], f[1], f[2], f[3]);
-        else
-          stored(i) = make_uint2(f[0], f[1]);
+      for (int ua = 0; ua < kFA; ++ua) {
+        const int in = d_blk + 16 * ua + g8;
+        uint32_t f[kF];
+        f[0] = rt(r0, in);
+        if constexpr (UW >= 2) {
+          f[1] = rt(r0, in + 8);
+          f[2] = rt(r1, in);
+          f[3] = rt(r1, in + 8);
+        } else {
+          f[1] = rt(r1, in);
+        }
+        if (i < kRKT) {
+#pragma unroll
+          for (int r = 0; r < kF; ++r) rf[i < kRKT ? i : 0][ua][r] = f[r];
+        } else if (warp < kWarps) {
+          if constexpr (UW >= 2) {
+            const uint4 v = make_uint4(f[0], f[1], f[2], f[3]);
+            if (i < kRKT + kSKT)
+              fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] = v;
+            else
+              __stcg(gst + slot(i - kSKT, ua), v);
+          } else {
+            fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] = make_uint2(f[0], f[1]);
+          }
+        }
       }
     };
 #pragma unroll
     for (int i = 0; i < kRKT; ++i) fill(i);
 #pragma unroll 1
     for (int i = kRKT; i < kKT; ++i) fill(i);
-    // k tile i's fragment: from registers, or shared memory (i from the loop over the store's
-    // groups, regs false: never from registers, as i is not known at compile time there).
-    auto frag = [&](const int i, uint32_t (&f)[kF], const bool regs) {
+    // k tile i's fragment ua: from registers, shared memory or global memory (i from the loops
+    // over the store's groups, regs false: never from registers, as i is not known at compile
+    // time there).
+    auto frag = [&](const int i, const int ua, uint32_t (&f)[kF], const bool regs) {
       if (regs && i < kRKT) {
 #pragma unroll
-        for (int r = 0; r < kF; ++r) f[r] = rf[i < kRKT ? i : 0][r];
+        for (int r = 0; r < kF; ++r) f[r] = rf[i < kRKT ? i : 0][ua][r];
+        return;
+      }
+      Frag v;
+      if constexpr (UW >= 2) {
+        v = i < kRKT + kSKT ? fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] : __ldcg(gst + slot(i - kSKT, ua));
       } else {
-        const Frag v = stored(i);
-        f[0] = v.x;
-        f[1] = v.y;
-        if constexpr (UW == 2) {
-          f[2] = v.z;
-          f[3] = v.w;
-        }
+        v = fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane];
+      }
+      f[0] = v.x;
+      f[1] = v.y;
+      if constexpr (UW >= 2) {
+        f[2] = v.z;
+        f[3] = v.w;
       }
     };
     if (threadIdx.x < kUnits) {
@@ -633,7 +680,7 @@ struct Kernels : MmaCommon<C> {
                     if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
                       const uint32_t ga[4] = {lo[j][i][0], hi[j][i][0], lo[j][i][1], hi[j][i][1]};
                       uint32_t f[kF];
-                      frag(i0 + i, f, regs);
+                      frag(i0 + i, 0, f, regs);
                       rnncc::mma16816<T>(acc[j], ga, f[0], f[1]);
                     }
                   }
@@ -648,19 +695,21 @@ struct Kernels : MmaCommon<C> {
             }
           }
         }
-        if constexpr (UW == 2) {
+        if constexpr (UW >= 2) {
           if (warp < kWarps) {
-            // Wide: m = the block's 16 units (Rᵀ's A fragments), n = 8 batch rows (dg's B fragments,
-            // the same registers as the narrow product's A fragments of one row).
+            // Wide: m = the block's units (Rᵀ's A fragments, kFA of 16), n = 8 batch rows (dg's B
+            // fragments, the same registers as the narrow product's A fragments of one row).
             const unsigned short* const dgx = ex.slot(t);
 #pragma unroll 1  // as the narrow product's m tiles
             for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // n tiles m0 + j: batch rows [8 (m0 + j), + 8) of the chunk
-              float acc[kMJ][4];
+              float acc[kMJ][kFA][4];
               bool live[kMJ];
 #pragma unroll
               for (int j = 0; j < kMJ; ++j) {
 #pragma unroll
-                for (int i = 0; i < 4; ++i) acc[j][i] = 0.0f;
+                for (int ua = 0; ua < kFA; ++ua)
+#pragma unroll
+                  for (int i = 0; i < 4; ++i) acc[j][ua][i] = 0.0f;
                 live[j] = m0 + j < kMT && b0 + 8 * (m0 + j) + g8 < a.B;
               }
               auto group = [&](const int i0, const bool regs) {
@@ -674,20 +723,27 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
                   for (int i = 0; i < kN; ++i) {
                     if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
-                      uint32_t f[kF];
-                      frag(i0 + i, f, regs);
-                      rnncc::mma16816<T>(acc[j], f, fb[j][i][0], fb[j][i][1]);
+#pragma unroll
+                      for (int ua = 0; ua < kFA; ++ua) {
+                        uint32_t f[kF];
+                        frag(i0 + i, ua, f, regs);
+                        rnncc::mma16816<T>(acc[j][ua], f, fb[j][i][0], fb[j][i][1]);
+                      }
                     }
                   }
               };
               groups(group);
-              // C rows g8 and g8 + 8 (units), columns 2 c4, + 1 (batch rows): red[warp][tile][unit][row].
+              // C rows g8 and g8 + 8 (units 16 ua + those), columns 2 c4, + 1 (batch rows):
+              // red[warp][tile][unit][row].
 #pragma unroll
               for (int j = 0; j < kMJ; ++j)
                 if (m0 + j < kMT) {
-                  float* const r = red + ((warp * kMT + m0 + j) * 16 + g8) * 8 + 2 * c4;
-                  *reinterpret_cast<float2*>(r) = make_float2(acc[j][0], acc[j][1]);
-                  *reinterpret_cast<float2*>(r + 64) = make_float2(acc[j][2], acc[j][3]);
+#pragma unroll
+                  for (int ua = 0; ua < kFA; ++ua) {
+                    float* const r = red + (warp * kMT + m0 + j) * kRedTile + (16 * ua + g8) * 8 + 2 * c4;
+                    *reinterpret_cast<float2*>(r) = make_float2(acc[j][ua][0], acc[j][ua][1]);
+                    *reinterpret_cast<float2*>(r + 64) = make_float2(acc[j][ua][2], acc[j][ua][3]);
+                  }
                 }
             }
           }
@@ -700,9 +756,9 @@ struct Kernels : MmaCommon<C> {
           constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const float* const r = UW == 2 ? red + ((jt * 16 + 8 * ut + 2 * c4 + q) * 8 + g8)
+            const float* const r = UW >= 2 ? red + jt * kRedTile + (8 * ut + 2 * c4 + q) * 8 + g8
                                            : red + (((warp / 2) * 4 + (warp % 2) * 2 + q) * 32 + lane);
-            ds[kRec][q] += rnncc::sum_parts<kWarps, kRedChunk>(r, kMT * (UW == 2 ? 16 * 8 : 4 * 32));
+            ds[kRec][q] += rnncc::sum_parts<kWarps, kRedChunk>(r, kMT * kRedTile);
           }
         }
       }

@@ -92,7 +92,9 @@ typedef struct rnncc_launch {
 // when not null (they are what the backward reads); xchg: zeros, the grid tier's exchange
 // between the blocks of a head: 16-bit values [2, NH, B8, xchg_words] (B8: B rounded up to a
 // multiple of 8; the kernels order each slot in blocks of 8 rows), then uint32 counters
-// [NH, B8 / 8] (xchg_words from the plan, a multiple of 32; 0 and null for the block tier).
+// [NH, B8 / 8] (xchg_words from the plan, a multiple of 32; 0 and null for the block tier),
+// then, from the next multiple of 4 words, the part of R that a streaming kernel reads from
+// memory each step (sized by the plan; the kernels write it before reading it).
 typedef struct rnncc_fused_args {
   int B, T, NH, D;
   int dtype;

@@ -288,7 +288,7 @@ def test_compile_writes_the_plan_and_the_kernels_it_runs(capsys, tmp_path: Path)
         assert (tmp_path / "pkg" / "kernels" / src.filename).read_text() == src.text
     assert plan["build"] == BY_NAME["block_mma"].build(problem)
     # A size no fused variant runs plans the stepwise kernels and ships only those.
-    rc = main([*args, "--hidden", "4096", "--arch", "h100"])
+    rc = main([*args, "--hidden", "8192", "--arch", "h100"])
     assert rc == 0
     assert json.loads((tmp_path / "pkg" / "plan.json").read_text())["variant"] == "stepwise"
     kernels = sorted(p.name for p in (tmp_path / "pkg" / "kernels").glob("*.cu"))

@@ -27,10 +27,17 @@ GRID_GATHER_BYTES_PER_US = 30e3
 GRID_SM_GATHER_BYTES_PER_US = 42e3
 #: Shared memory an SM reads per clock (the split grid blocks' part of R, each step).
 SMEM_BYTES_PER_CLK = 128
+#: R streamed from memory: bytes an SM reads per µs (its share of an H100's 3.35 TB/s of HBM;
+#: the part of R that L2 keeps comes faster).
+STREAM_BYTES_PER_US = 25e3
 #: A stepwise step: a batched matrix product and a pointwise kernel, launched from the host
 #: loop (launch-bound at the problem sizes rnncc targets).
 STEPWISE_STEP_US = 24.0
 STEPWISE_BACKWARD_US = 36.0
+#: The stepwise product's rate of reading R (bytes per µs), which sets a step's time once R
+#: is large: H100, LSTM bf16, T = 1024, B = 4: 56 µs a step at 2304 units (42.5 MB of R),
+#: 113 at 4096 (134 MB), that is 24 µs plus R at 1.3-1.5 TB/s.
+STEPWISE_R_BYTES_PER_US = 1.4e6
 
 
 def cycles_us(cycles: float, caps: HardwareCaps) -> float:

@@ -11,7 +11,7 @@ registers the compiled kernel takes); (head, chunk) pairs beyond that run in fur
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rnncc.variants.base import (
     BATCH_CHUNK,
@@ -29,6 +29,7 @@ from rnncc.variants.costs import (
     GRID_SM_GATHER_BYTES_PER_US,
     GRID_STEP_US,
     SMEM_BYTES_PER_CLK,
+    STREAM_BYTES_PER_US,
     cycles_us,
     mma_us,
     pointwise_us,
@@ -40,8 +41,12 @@ if TYPE_CHECKING:
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
 
-#: The kernels a library holds, (n_tiles, unit_tiles) in the order they are built.
+#: The kernels a grid_mma library holds, (n_tiles, unit_tiles) in the order they are built;
+#: grid_stream's are its blocks of 32 units (unit_tiles 4).
 KERNELS = ((1, 1), (1, 2), (2, 2), (4, 2), (2, 1), (4, 1), (8, 1))
+STREAM_KERNELS = ((1, 4), (2, 4))
+#: The block widths (unit tiles) whose sizes the template's trait arrays hold, in order.
+WIDTHS = (1, 2, 4)
 #: Wide blocks (16 units: 384 threads at most, so 168 registers each, R's fragments 64 of
 #: them) only for cells with at most this many states plus params, up to this head dim on
 #: Hopper; larger ones spilled in ptxas.
@@ -55,8 +60,8 @@ WIDE_MAX_HEAD_DIM_BEFORE_HOPPER = 448
 #: Narrow blocks (8 units, R in registers) up to this head dim: past it their product takes
 #: more warps than leave registers for R (at 2048, 16 warps spilled), and wide blocks hold it.
 NARROW_MAX_HEAD_DIM = 1024
-#: Warps a block's product may take: narrow, and wide.
-MAX_WARPS = {1: 32, 2: 12}
+#: Warps a block's product may take: narrow, wide and streaming.
+MAX_WARPS = {1: 32, 2: 12, 4: 8}
 BACKWARD_FACTOR = 1.6
 #: Past NARROW_MAX_HEAD_DIM (Hopper only), wide blocks split R between registers and shared
 #: memory: this many product warps (256 threads, so 255 registers each), their first k tiles'
@@ -83,8 +88,18 @@ def gate_tiles(p: Problem) -> int:
 
 
 def split(p: Problem, uw: int) -> bool:
-    """Whether wide blocks keep part of R in shared memory (heads past NARROW_MAX_HEAD_DIM)."""
-    return uw == 2 and p.head_dim > NARROW_MAX_HEAD_DIM
+    """Whether blocks keep part of R outside registers: wide ones past NARROW_MAX_HEAD_DIM
+    (in shared memory), streaming ones always (in shared memory, the rest in global memory)."""
+    return uw == 4 or (uw == 2 and p.head_dim > NARROW_MAX_HEAD_DIM)
+
+
+def fragments(p: Problem, uw: int, backward: bool) -> int:
+    """A k tile's fragments of R in a block (16 bytes a lane each): forward, one per m tile
+    (the gate pairs of each unit tile); backward, narrow one B fragment (8 bytes), else one
+    A fragment of Rᵀ per 16 units."""
+    if backward:
+        return max(uw // 2, 1)
+    return uw * gate_pairs(p)
 
 
 def forward_warps(p: Problem, uw: int) -> tuple[int, int]:
@@ -112,31 +127,54 @@ def backward_warps(p: Problem, uw: int) -> tuple[int, int]:
     return w, cdiv(g, w)
 
 
+def _tile_bytes(p: Problem, uw: int, backward: bool) -> int:
+    """Bytes of one k tile of a warp's R fragments, all lanes."""
+    return fragments(p, uw, backward) * 32 * (8 if backward and uw == 1 else 16)
+
+
+def _tiles(p: Problem, uw: int, backward: bool) -> tuple[int, int, int]:
+    """Where a warp's k tiles of R live: (in registers, in shared memory, in global memory).
+    All in registers, except on split blocks: the first as many as SPLIT_FW_REGISTERS (or
+    SPLIT_BW_REGISTERS) hold, then the rest in shared memory (wide blocks), or as many of them
+    as leave room for the partial sums of the widest kernel (streaming blocks) and the rest in
+    global memory."""
+    warps, kt = (backward_warps if backward else forward_warps)(p, uw)
+    if not split(p, uw):
+        return kt, 0, 0
+    budget = SPLIT_BW_REGISTERS if backward else SPLIT_FW_REGISTERS
+    regs = min(kt, budget // (4 * fragments(p, uw, backward)))
+    if uw != 4:
+        return regs, kt - regs, 0
+    nt = max(n for n, w in STREAM_KERNELS if w == uw)
+    room = LIBRARY_SMEM - (_partial_sums(p, nt, uw, backward) + _side(p, uw) * backward)
+    smem = max(0, min(kt - regs, room // (warps * _tile_bytes(p, uw, backward))))
+    return regs, smem, kt - regs - smem
+
+
 def forward_registers(p: Problem, uw: int) -> int:
-    """The k tiles of a warp's range of R·h whose fragments (4 registers per m tile) stay in
-    registers: all of them, or on split blocks as many as SPLIT_FW_REGISTERS hold."""
-    kt = forward_warps(p, uw)[1]
-    return min(kt, SPLIT_FW_REGISTERS // (4 * uw * gate_pairs(p))) if split(p, uw) else kt
+    """The k tiles of a warp's range of R·h whose fragments stay in registers."""
+    return _tiles(p, uw, False)[0]
 
 
 def backward_registers(p: Problem, uw: int) -> int:
-    """As forward_registers for dgᵀ·R (4 registers per k tile on wide blocks)."""
-    kt = backward_warps(p, uw)[1]
-    return min(kt, SPLIT_BW_REGISTERS // 4) if split(p, uw) else kt
+    """As forward_registers for dgᵀ·R."""
+    return _tiles(p, uw, True)[0]
 
 
 def forward_store(p: Problem, uw: int) -> int:
-    """Bytes of the forward's fragment store: each warp's k tiles past its registers, one A
-    fragment (16 bytes a lane) per m tile."""
-    warps, kt = forward_warps(p, uw)
-    return warps * (kt - forward_registers(p, uw)) * uw * gate_pairs(p) * 32 * 16
+    """Bytes of the forward's fragment store in shared memory."""
+    return forward_warps(p, uw)[0] * _tiles(p, uw, False)[1] * _tile_bytes(p, uw, False)
 
 
 def backward_store(p: Problem, uw: int) -> int:
-    """Bytes of the backward's fragment store: each warp's k tiles past its registers, one
-    fragment (16 bytes a lane wide, 8 narrow)."""
-    warps, kt = backward_warps(p, uw)
-    return warps * (kt - backward_registers(p, uw)) * 32 * (16 if uw == 2 else 8)
+    """Bytes of the backward's fragment store in shared memory."""
+    return backward_warps(p, uw)[0] * _tiles(p, uw, True)[1] * _tile_bytes(p, uw, True)
+
+
+def streamed_bytes(p: Problem, uw: int, backward: bool) -> int:
+    """Bytes of R a block reads from global memory each step (streaming blocks)."""
+    warps = (backward_warps if backward else forward_warps)(p, uw)[0]
+    return warps * _tiles(p, uw, backward)[2] * _tile_bytes(p, uw, backward)
 
 
 def threads(warps: int, nt: int, uw: int) -> int:
@@ -144,17 +182,29 @@ def threads(warps: int, nt: int, uw: int) -> int:
     return 32 * max(warps, uw * nt)
 
 
+def _partial_sums(p: Problem, nt: int, uw: int, backward: bool) -> int:
+    """Bytes of the warps' partial products, float: R·h's m tiles of each n tile (forward);
+    dgᵀ·R's tiles (backward: narrow 16 batch rows by 8 units, else 8 rows by the block's
+    units in tiles of 16)."""
+    if not backward:
+        return forward_warps(p, uw)[0] * uw * gate_pairs(p) * nt * 4 * 32 * 4
+    tiles = cdiv(nt, 2) if uw == 1 else nt
+    return backward_warps(p, uw)[0] * tiles * fragments(p, uw, True) * 4 * 32 * 4
+
+
+def _side(p: Problem, uw: int) -> int:
+    """The backward's biases and params of the block's units, float."""
+    return (max(p.gates_b, 1) + max(p.n_params, 1)) * 8 * uw * 4
+
+
 def forward_smem(p: Problem, nt: int, uw: int) -> int:
-    """The fragment store, then the warps' partial R·h, float."""
-    return forward_store(p, uw) + forward_warps(p, uw)[0] * uw * gate_pairs(p) * nt * 4 * 32 * 4
+    """The fragment store, then the warps' partial R·h."""
+    return forward_store(p, uw) + _partial_sums(p, nt, uw, False)
 
 
 def backward_smem(p: Problem, nt: int, uw: int) -> int:
-    """The fragment store, then the warps' partial dgᵀ·R, float, and the block's biases and
-    params."""
-    tiles = nt if uw == 2 else cdiv(nt, 2)
-    side = (max(p.gates_b, 1) + max(p.n_params, 1)) * 8 * uw * 4
-    return backward_store(p, uw) + backward_warps(p, uw)[0] * tiles * 4 * 32 * 4 + side
+    """The fragment store, then the warps' partial dgᵀ·R, and the block's biases and params."""
+    return backward_store(p, uw) + _partial_sums(p, nt, uw, True) + _side(p, uw)
 
 
 def exchange_words(p: Problem) -> int:
@@ -173,9 +223,10 @@ def wide_head_dim_limit(caps: HardwareCaps | None) -> int:
     return WIDE_MAX_HEAD_DIM if hopper else WIDE_MAX_HEAD_DIM_BEFORE_HOPPER
 
 
-def wide_allowed(p: Problem, caps: HardwareCaps | None = None) -> bool:
-    if p.head_dim > NARROW_MAX_HEAD_DIM:
-        return caps is None or caps.arch == "sm_90"  # split blocks
+def wide_allowed(p: Problem, caps: HardwareCaps | None = None, uw: int = 2) -> bool:
+    """Whether blocks of ``uw`` unit tiles (2: wide, 4: streaming) build for ``p``."""
+    if uw == 4 or p.head_dim > NARROW_MAX_HEAD_DIM:
+        return caps is None or caps.arch == "sm_90"  # split blocks, compiled for Hopper only
     return p.n_states + p.n_params <= WIDE_MAX_STATE_WORDS and p.head_dim <= wide_head_dim_limit(
         caps
     )
@@ -201,7 +252,8 @@ def _kernel_of(
 ) -> tuple[int, dict[str, int]] | None:
     """The library's kernel of blocks (nt, uw) for ``p`` on the arch of ``caps``, with its
     index; None if not built."""
-    for i, k in enumerate(_kernel_table(p, LIBRARY_SMEM, caps)):
+    kernels = STREAM_KERNELS if uw == 4 else KERNELS
+    for i, k in enumerate(_kernel_table(p, LIBRARY_SMEM, caps, kernels)):
         if (k["n_tiles"], k["unit_tiles"]) == (nt, uw):
             return i, k
     return None
@@ -238,11 +290,16 @@ def product_warps(p: Problem, caps: HardwareCaps, uw: int) -> bool:
 
 
 def wide_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:
-    return uw == 1 or wide_allowed(p, caps)
+    return uw == 1 or wide_allowed(p, caps, uw)
 
 
 def narrow_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:
-    return uw == 2 or p.head_dim <= NARROW_MAX_HEAD_DIM
+    return uw != 1 or p.head_dim <= NARROW_MAX_HEAD_DIM
+
+
+def streams_what_the_chip_cannot_hold(p: Problem, caps: HardwareCaps) -> bool:
+    """Streaming blocks only where their R does not fit their registers and shared memory."""
+    return streamed_bytes(p, 4, False) > 0
 
 
 def kernel_exists(p: Problem, caps: HardwareCaps, nt: int, uw: int) -> bool:
@@ -262,11 +319,14 @@ def batch_tiles_needed(p: Problem, caps: HardwareCaps, nt: int) -> bool:
     return nt == 1 or 8 * (nt // 2) < p.batch
 
 
-def _kernel_table(p: Problem, caps_smem: int, caps: HardwareCaps | None) -> list[dict[str, int]]:
-    """The kernels a library builds for ``p`` on the arch of ``caps`` (None: Hopper)."""
+def _kernel_table(
+    p: Problem, caps_smem: int, caps: HardwareCaps | None, kernels: tuple = KERNELS
+) -> list[dict[str, int]]:
+    """The kernels of ``kernels`` a library builds for ``p`` on the arch of ``caps`` (None:
+    Hopper)."""
     table = []
-    for nt, uw in KERNELS:
-        if uw == 2 and not wide_allowed(p, caps):
+    for nt, uw in kernels:
+        if uw != 1 and not wide_allowed(p, caps, uw):
             continue
         if uw == 1 and p.head_dim > NARROW_MAX_HEAD_DIM:
             continue
@@ -290,6 +350,8 @@ def _kernel_table(p: Problem, caps_smem: int, caps: HardwareCaps | None) -> list
                 "bw_smem": bs,
                 "fw_registers": forward_registers(p, uw),
                 "bw_registers": backward_registers(p, uw),
+                "fw_smem_tiles": _tiles(p, uw, False)[1],
+                "bw_smem_tiles": _tiles(p, uw, True)[1],
                 "fw_store": forward_store(p, uw),
                 "bw_store": backward_store(p, uw),
             }
@@ -299,7 +361,7 @@ def _kernel_table(p: Problem, caps_smem: int, caps: HardwareCaps | None) -> list
 
 def _traits(build: Any) -> list[tuple[str, str, Any]]:
     """The kernel table and the product splits as the template's constants: arrays over the
-    library's kernels, and over the widths (narrow, wide; 0 where the library has none)."""
+    library's kernels, and over the widths of WIDTHS (0 where the library has none)."""
     kernels = build["kernels"]
     by_width = {k["unit_tiles"]: k for k in kernels}
 
@@ -308,7 +370,7 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
 
     def per_width(key: str) -> str:
         return (
-            "{" + ", ".join(str(by_width[w][key]) if w in by_width else "0" for w in (1, 2)) + "}"
+            "{" + ", ".join(str(by_width[w][key]) if w in by_width else "0" for w in WIDTHS) + "}"
         )
 
     return [
@@ -322,14 +384,16 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
         ("int", "kGridBwThreads[kGridKernels]", table("bw_threads")),
         ("size_t", "kGridFwSmem[kGridKernels]", table("fw_smem")),
         ("size_t", "kGridBwSmem[kGridKernels]", table("bw_smem")),
-        ("int", "kFwWarps[2]", per_width("fw_warps")),
-        ("int", "kFwKT[2]", per_width("fw_k_tiles")),
-        ("int", "kBwWarps[2]", per_width("bw_warps")),
-        ("int", "kBwKT[2]", per_width("bw_k_tiles")),
-        ("int", "kFwRegKT[2]", per_width("fw_registers")),
-        ("int", "kBwRegKT[2]", per_width("bw_registers")),
-        ("size_t", "kFwStore[2]", per_width("fw_store")),
-        ("size_t", "kBwStore[2]", per_width("bw_store")),
+        ("int", "kFwWarps[3]", per_width("fw_warps")),
+        ("int", "kFwKT[3]", per_width("fw_k_tiles")),
+        ("int", "kBwWarps[3]", per_width("bw_warps")),
+        ("int", "kBwKT[3]", per_width("bw_k_tiles")),
+        ("int", "kFwRegKT[3]", per_width("fw_registers")),
+        ("int", "kBwRegKT[3]", per_width("bw_registers")),
+        ("int", "kFwSmemKT[3]", per_width("fw_smem_tiles")),
+        ("int", "kBwSmemKT[3]", per_width("bw_smem_tiles")),
+        ("size_t", "kFwStore[3]", per_width("fw_store")),
+        ("size_t", "kBwStore[3]", per_width("bw_store")),
     ]
 
 
@@ -340,10 +404,11 @@ LIBRARY_SMEM = 227 * 1024
 
 class GridMma(Variant):
     name = "grid_mma"
+    kernels: ClassVar[tuple[tuple[int, int], ...]] = KERNELS
     summary = "mma.sync grid tier: a head's units over co-resident blocks, h exchanged through L2"
     dtypes = ("fp16", "bf16")
     host = "fused"
-    constraints = (
+    constraints: ClassVar[tuple[Constraint, ...]] = (
         Constraint(
             "r_tile_fits_registers",
             "one k tile of R (4 registers per gate pair) takes at most 64 registers",
@@ -432,7 +497,7 @@ class GridMma(Variant):
             "D": problem.head_dim,
             "batch_chunk": BATCH_CHUNK,
             "exchange_words": exchange_words(problem),
-            "kernels": _kernel_table(problem, LIBRARY_SMEM, caps),
+            "kernels": _kernel_table(problem, LIBRARY_SMEM, caps, self.kernels),
             **timeline_record(problem),
         }
 
@@ -441,7 +506,9 @@ class GridMma(Variant):
     ) -> tuple[int, dict[str, int]]:
         found = _kernel_of(problem, point["n_tiles"], point["unit_tiles"], caps)
         if found is None:
-            raise ValueError(f"grid_mma builds no kernel for {dict(point)} at {problem.describe()}")
+            raise ValueError(
+                f"{self.name} builds no kernel for {dict(point)} at {problem.describe()}"
+            )
         return found
 
     def _split(self, problem: Problem, caps: HardwareCaps, point: Point) -> tuple[int, int, int]:
@@ -461,6 +528,10 @@ class GridMma(Variant):
         grid = (blocks_per_head(problem, point["unit_tiles"]), heads, chunks)
         b8 = cdiv(problem.batch, 8) * 8
         words = problem.heads * b8 * exchange_words(problem) + problem.heads * (b8 // 8)
+        uw = point["unit_tiles"]
+        streamed = max(streamed_bytes(problem, uw, False), streamed_bytes(problem, uw, True))
+        if streamed:  # past the counters from a multiple of 4 words (rnncc_abi.h)
+            words = cdiv(words, 4) * 4 + problem.heads * grid[0] * streamed // 4
         return Launch(
             KernelLaunch(index, k["fw_threads"], k["fw_smem"], grid, launches),
             KernelLaunch(index, k["bw_threads"], k["bw_smem"], grid, launches),
@@ -485,6 +556,8 @@ class GridMma(Variant):
         )
         if split(p, uw):  # the part of R in shared memory, read every step
             terms += (("store", cycles_us(bps * forward_store(p, uw) / SMEM_BYTES_PER_CLK, caps)),)
+        if streamed_bytes(p, uw, False):  # and in global memory, at the SM's share of HBM
+            terms += (("stream", bps * streamed_bytes(p, uw, False) / STREAM_BYTES_PER_US),)
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps, point)[2]
         return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)

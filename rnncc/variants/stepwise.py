@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rnncc.variants.base import Cost, Launch, Point, Variant
-from rnncc.variants.costs import STEPWISE_BACKWARD_US, STEPWISE_STEP_US
+from rnncc.variants.costs import STEPWISE_BACKWARD_US, STEPWISE_R_BYTES_PER_US, STEPWISE_STEP_US
 
 if TYPE_CHECKING:
     from rnncc.codegen.source import GeneratedSource
@@ -55,8 +55,12 @@ class Stepwise(Variant):
         return Launch(None, None)
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
-        terms = (("launches", STEPWISE_STEP_US),)
-        return Cost(terms, 1, STEPWISE_STEP_US, STEPWISE_BACKWARD_US)
+        p = problem
+        r_bytes = max(p.gates_r, 1) * p.heads * p.head_dim**2 * p.dtype_bytes
+        product = r_bytes / STEPWISE_R_BYTES_PER_US  # each step reads R from memory
+        terms = (("launches", STEPWISE_STEP_US), ("product", product))
+        forward = STEPWISE_STEP_US + product
+        return Cost(terms, 1, forward, STEPWISE_BACKWARD_US + 2 * product)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         return render_stepwise(cell, bwd, build["threads"])

@@ -1,6 +1,7 @@
-"""Heads past 1024 units on the grid tier (``pytest -m gpu`` on a GPU machine): wide blocks
-that split R between registers and shared memory (grid_mma's split blocks), against the
-float64 reference, gradients included, the variant and its split asserted.
+"""Heads past 1024 units (``pytest -m gpu`` on a GPU machine): grid_mma's wide blocks that
+split R between registers and shared memory, and past the chip grid_stream's blocks that read
+part of R from memory each step, against the float64 reference, gradients included, the
+variant asserted.
 
 LSTM and GRU at 1536 and 2048 units, B = 4 and 16, and at the largest head the planner keeps
 on chip (on 132 SMs: 2112, 132 blocks of 16 units); every other example at 2048 (B = 5: one
@@ -48,6 +49,31 @@ def cells():
     loaded = load_examples()
     prepare(loaded, LARGE_CASES)
     return loaded
+
+
+#: Heads past the chip (grid_stream): LSTM and GRU at 2304 (B = 4), 3072 and 4096 (B = 4, 16).
+STREAM_CASES = [
+    {"example": e, "dtype": dt, "B": B, "D": D, "NH": 1, "T": 4}
+    for e, dt, B, D in [
+        ("lstm", "bf16", 4, 2304),
+        ("gru", "fp16", 4, 2304),
+        *[(c, "bf16", B, D) for c in ("lstm", "gru") for B in (4, 16) for D in (3072, 4096)],
+    ]
+]
+
+
+@pytest.fixture(scope="module")
+def stream_cells():
+    loaded = load_examples()
+    prepare(loaded, STREAM_CASES)
+    return loaded
+
+
+@pytest.mark.parametrize("case", STREAM_CASES, ids=case_id)
+def test_streaming_blocks_match_float64_reference(stream_cells, case):
+    plan = check_against_reference(stream_cells[case["example"]], case, "fused")
+    assert plan.variant == "grid_stream" and dict(plan.point)["unit_tiles"] == 4
+    assert grid_mma.streamed_bytes(plan.problem, 4, False) > 0  # R partly read from memory
 
 
 @pytest.mark.parametrize("case", LARGE_CASES, ids=case_id)

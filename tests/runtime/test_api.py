@@ -458,8 +458,9 @@ def test_fused_backend_names_the_constraints_it_hits(monkeypatch) -> None:
         "use backend='stepwise' (or 'auto')",
     ]
     assert cell._choose("fused", _cuda_like(), _sizes(16, 1, 2048)).variant == "grid_mma"
-    with pytest.raises(rnncc.TilingError, match="partial_sums_fit_shared_memory"):
-        cell._choose("fused", _cuda_like(), _sizes(16, 1, 4096))
+    assert cell._choose("fused", _cuda_like(), _sizes(16, 1, 4096)).variant == "grid_stream"
+    with pytest.raises(rnncc.TilingError, match="head_blocks_co_resident"):
+        cell._choose("fused", _cuda_like(), _sizes(16, 1, 8192))
     with pytest.raises(ValueError, match=r"got torch\.float64"):
         cell.plan(16, 1, 64, torch.float64)
 
@@ -470,12 +471,12 @@ def test_auto_picks_the_cheapest_variant_and_warns_once_where_that_is_stepwise(
     cell = _on_h100(lstm(), monkeypatch)
     assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 64)).variant == "block_mma"
     assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 768)).variant == "grid_mma"
-    with pytest.warns(rnncc.RnnccWarning, match=r"no fused kernel for head dim 3000 \(") as w:
-        assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 3000)).variant == "stepwise"
-    assert "partial_sums_fit_shared_memory" in str(w[0].message)
+    with pytest.warns(rnncc.RnnccWarning, match=r"no fused kernel for head dim 8192 \(") as w:
+        assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 8192)).variant == "stepwise"
+    assert "head_blocks_co_resident" in str(w[0].message)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 3000)).variant == "stepwise"
+        assert cell._choose("auto", _cuda_like(), _sizes(16, 1, 8192)).variant == "stepwise"
     with pytest.warns(rnncc.RnnccWarning, match="reference backend"):
         assert cell._choose("auto", _cuda_like(torch.float64), _sizes(16, 1, 64)) is None
 

@@ -75,7 +75,7 @@ def _check_launch(plan: Plan) -> None:
         ring = build["ring"]["bytes"] if plan.variant == "block_mma" else 0
         assert bw.smem == ring
         return
-    assert plan.variant == "grid_mma"
+    assert plan.variant in ("grid_mma", "grid_stream")
     nt, uw = dict(plan.point)["n_tiles"], dict(plan.point)["unit_tiles"]
     x, y, z = fw.grid
     chunks = cdiv(p.batch, 8 * nt)

@@ -28,6 +28,7 @@ GOLDEN = ROOT / "tests" / "golden"
 H100 = caps_for_arch("h100")
 FUSED = tuple(v for v in VARIANTS if v.host == "fused")
 FFMA, MMA, GRID = BY_NAME["block_ffma"], BY_NAME["block_mma"], BY_NAME["grid_mma"]
+STREAM = BY_NAME["grid_stream"]
 
 
 def problem(
@@ -88,7 +89,15 @@ def test_golden(path, variant, D, update_golden):
 
 def test_head_dim_limits_of_each_variant():
     lstm = example("lstm").ir
-    assert all(not ruled_out(lstm, block_ffma.MAX_HEAD_DIM, v) for v in FUSED)
+    on_chip = [v for v in FUSED if v is not STREAM]
+    assert all(not ruled_out(lstm, block_ffma.MAX_HEAD_DIM, v) for v in on_chip)
+    # Streaming blocks only where their R does not fit on chip; where grid_mma's does too,
+    # the planner prefers it (nothing to stream).
+    assert ruled_out(lstm, 64, STREAM) == ["streams_what_the_chip_cannot_hold"]
+    assert solve(problem(lstm, 2112, STREAM), H100).variant == "grid_mma"
+    assert solve(problem(lstm, 2304, STREAM), H100).variant == "grid_stream"
+    assert not ruled_out(lstm, 4224, STREAM)
+    assert ruled_out(lstm, 4225, STREAM) == ["head_blocks_co_resident"]
     assert ruled_out(lstm, 65, FFMA) == ["r_row_fits_registers"]
     assert ruled_out(lstm, 65, MMA) == ["r_fragments_fit_registers"]
     # Past the block tier the 16-bit dtypes run the grid tier; float32 only stepwise.
@@ -321,10 +330,12 @@ def test_build_record_reaches_the_traits_and_the_header(variant, name, D):
             f"constexpr int kGridBwThreads[kGridKernels] = {column('bw_threads')};",
             f"constexpr size_t kGridFwSmem[kGridKernels] = {column('fw_smem')};",
             f"constexpr size_t kGridBwSmem[kGridKernels] = {column('bw_smem')};",
-            "constexpr int kFwWarps[2] = {6, 12};",
-            "constexpr int kFwKT[2] = {8, 4};",
-            "constexpr int kBwWarps[2] = {8, 12};",
-            "constexpr int kBwKT[2] = {24, 16};",
+            "constexpr int kFwWarps[3] = {6, 12, 0};",
+            "constexpr int kFwKT[3] = {8, 4, 0};",
+            "constexpr int kBwWarps[3] = {8, 12, 0};",
+            "constexpr int kBwKT[3] = {24, 16, 0};",
+            "constexpr int kFwRegKT[3] = {8, 4, 0};",  # all in registers at 768 units
+            "constexpr int kFwSmemKT[3] = {0, 0, 0};",
         ]
     lines = text.splitlines()
     for line in expected:
