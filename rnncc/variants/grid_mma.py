@@ -71,6 +71,9 @@ BACKWARD_FACTOR = 1.6
 SPLIT_WARPS = 8
 SPLIT_FW_REGISTERS = 96
 SPLIT_BW_REGISTERS = 64
+#: Streaming blocks' forward: R's fragments in at most this many registers per thread (its
+#: loads from global memory take the rest; at 96 the GRU's at 2304 units spilled 56-176 bytes).
+STREAM_FW_REGISTERS = 64
 
 
 def k_tiles(p: Problem) -> int:
@@ -142,6 +145,8 @@ def _tiles(p: Problem, uw: int, backward: bool) -> tuple[int, int, int]:
     if not split(p, uw):
         return kt, 0, 0
     budget = SPLIT_BW_REGISTERS if backward else SPLIT_FW_REGISTERS
+    if uw == 4 and not backward:
+        budget = STREAM_FW_REGISTERS
     regs = min(kt, budget // (4 * fragments(p, uw, backward)))
     if uw != 4:
         return regs, kt - regs, 0
@@ -298,8 +303,12 @@ def narrow_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool
 
 
 def streams_what_the_chip_cannot_hold(p: Problem, caps: HardwareCaps) -> bool:
-    """Streaming blocks only where their R does not fit their registers and shared memory."""
-    return streamed_bytes(p, 4, False) > 0
+    """Streaming blocks only for heads that grid_mma's wide blocks do not hold on chip: more
+    of them than the SMs, or their part of R past shared memory even at one n tile."""
+    if p.head_dim <= NARROW_MAX_HEAD_DIM or streamed_bytes(p, 4, False) == 0:
+        return False
+    fits = max(forward_smem(p, 1, 2), backward_smem(p, 1, 2)) <= smem_limit(caps)
+    return blocks_per_head(p, 2) > caps.sm_count or not fits
 
 
 def kernel_exists(p: Problem, caps: HardwareCaps, nt: int, uw: int) -> bool:
@@ -392,8 +401,8 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
         ("int", "kBwRegKT[3]", per_width("bw_registers")),
         ("int", "kFwSmemKT[3]", per_width("fw_smem_tiles")),
         ("int", "kBwSmemKT[3]", per_width("bw_smem_tiles")),
-        ("size_t", "kFwStore[3]", per_width("fw_store")),
-        ("size_t", "kBwStore[3]", per_width("bw_store")),
+        ("int", "kFwStore[3]", per_width("fw_store")),
+        ("int", "kBwStore[3]", per_width("bw_store")),
     ]
 
 

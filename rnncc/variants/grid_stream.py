@@ -48,7 +48,8 @@ class GridStream(GridMma):
         ),
         Constraint(
             "streams_what_the_chip_cannot_hold",
-            "only where R does not fit the blocks' registers and shared memory",
+            "only for heads whose R grid_mma's wide blocks do not hold on chip (more blocks "
+            "than SMs, or their part of R past shared memory)",
             streams_what_the_chip_cannot_hold,
         ),
         Constraint(

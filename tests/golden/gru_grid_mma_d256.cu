@@ -62,8 +62,8 @@ struct Cell {
   static constexpr int kBwRegKT[3] = {24, 8, 0};
   static constexpr int kFwSmemKT[3] = {0, 0, 0};
   static constexpr int kBwSmemKT[3] = {0, 0, 0};
-  static constexpr size_t kFwStore[3] = {0, 0, 0};
-  static constexpr size_t kBwStore[3] = {0, 0, 0};
+  static constexpr int kFwStore[3] = {0, 0, 0};
+  static constexpr int kBwStore[3] = {0, 0, 0};
   static constexpr bool kTimeline = false;
 
   // The state that output o is.

@@ -377,7 +377,7 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     """The libraries the planner can choose on the device of ``caps`` for every example: the
     block variants at two head dims; the grid tier (28 kernels a library: the costly builds)
     at 256 units for every example, at 768 for the largest cells, at a small head once, and
-    split wide blocks past 1024 units.
+    past 1024 units split wide blocks and streaming blocks.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
     tier at 256 units, and the LSTM's at 448 (the largest head of wide blocks there) and, on
     sm_80, 768 (narrow blocks only: wide ones spilled there). Fewer than on Hopper: the suite's
@@ -390,10 +390,11 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
-        # Wide blocks that split R between registers and shared memory (past 1024 units):
-        # the LSTM and the sLSTM (the most states) at 2048, the GRU at a head of 97 k tiles.
-        cases += [(cells["lstm"], GRID, 2048), (cells["slstm"], GRID, 2048)]
-        cases += [(cells["gru"], GRID, 1552)]
+        # Past 1024 units: wide blocks that split R between registers and shared memory (the
+        # LSTM at 2048), and streaming blocks (the LSTM at 4096, the GRU at 2304, 18 k tiles
+        # a warp, where a larger forward register budget spilled).
+        cases += [(cells["lstm"], GRID, 2048)]
+        cases += [(cells["lstm"], STREAM, 4096), (cells["gru"], STREAM, 2304)]
     else:
         cases += [(cells["lstm"], GRID, 448)]
         if caps.arch == "sm_80":
