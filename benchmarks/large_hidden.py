@@ -5,7 +5,8 @@ and forward + backward. Points:
 - LSTM, B = 16, hidden 256 … 4096 (the plot's sweep);
 - LSTM at 2304 and 4096 with B = 4 (the sizes of the beyond-1024 issue), and at 2048 with
   B = 4, 16, 64 (a batch sweep);
-- GRU and sLSTM at 2048, B = 16 (sLSTM has no cuDNN kernel: compare it with the LSTM's).
+- GRU and sLSTM at 2048, B = 16, and at 4096, B = 4 (sLSTM has no cuDNN kernel: compare it
+  with the LSTM's); the LSTM at 3072, B = 4.
 
 Every record says which rnncc variant ran (``note``). ``--plot FILE.json`` draws time against
 hidden size from a results file (CPU side: the GPU machine has no matplotlib).
@@ -32,6 +33,9 @@ POINTS = [
     ("lstm", 2048, 64),
     ("gru", 2048, 16),
     ("slstm", 2048, 16),
+    ("lstm", 3072, 4),
+    ("gru", 4096, 4),
+    ("slstm", 4096, 4),
 ]
 T = 1024
 
