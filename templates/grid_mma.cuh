@@ -740,7 +740,7 @@ struct Kernels : MmaCommon<C> {
                 if (m0 + j < kMT) {
 #pragma unroll
                   for (int ua = 0; ua < kFA; ++ua) {
-                    float* const r = red + (warp * kMT + m0 + j) * kRedTile + (16 * ua + g8) * 8 + 2 * c4;
+                    float* const r = red + ((warp * kMT + m0 + j) * 16 * kFA + 16 * ua + g8) * 8 + 2 * c4;
                     *reinterpret_cast<float2*>(r) = make_float2(acc[j][ua][0], acc[j][ua][1]);
                     *reinterpret_cast<float2*>(r + 64) = make_float2(acc[j][ua][2], acc[j][ua][3]);
                   }
@@ -756,7 +756,7 @@ struct Kernels : MmaCommon<C> {
           constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {
-            const float* const r = UW >= 2 ? red + jt * kRedTile + (8 * ut + 2 * c4 + q) * 8 + g8
+            const float* const r = UW >= 2 ? red + ((jt * 16 * kFA + 8 * ut + 2 * c4 + q) * 8 + g8)
                                            : red + (((warp / 2) * 4 + (warp % 2) * 2 + q) * 32 + lane);
             ds[kRec][q] += rnncc::sum_parts<kWarps, kRedChunk>(r, kMT * kRedTile);
           }

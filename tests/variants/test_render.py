@@ -21,6 +21,7 @@ from rnncc.resources import templates_dir
 from rnncc.tiling import Problem, caps_for_arch
 from rnncc.tiling.solve import diagnose, points, solve
 from rnncc.variants import BY_NAME, VARIANTS, Variant, block_ffma, block_mma, grid_mma
+from rnncc.variants.base import cdiv
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples").glob("*.rnn"))
@@ -434,3 +435,34 @@ def test_nvcc_compiles_every_example_without_spills(arch, device, wide, tmp_path
         assert spills, f"no ptxas report for {src.filename}:\n{report}"
         assert all(s == ("0", "0") for s in spills), f"{src.filename} spills registers:\n{report}"
         assert "warning" not in report.lower(), f"{src.filename}:\n{report}"
+
+
+@pytest.mark.parametrize(("name", "D"), [("lstm", 2048), ("lstm", 4096), ("gru", 2304)])
+def test_split_and_streaming_blocks_place_every_k_tile_of_r_once(name, D):
+    """A warp's k tiles of R are in registers, shared memory or global memory, each once; the
+    shared-memory part fits beside the partial sums, and the plan's exchange buffer holds the
+    streamed part after the counters (rnncc_abi.h), one region per (head, block)."""
+    cell = example(name).ir
+    for variant, uw in ((GRID, 2), (STREAM, 4)):
+        p = problem(cell, D, variant)
+        if ruled_out(cell, D, variant):
+            continue
+        for backward in (False, True):
+            warps, kt = (grid_mma.backward_warps if backward else grid_mma.forward_warps)(p, uw)
+            regs, smem, glob = grid_mma._tiles(p, uw, backward)
+            assert regs + smem + glob == kt and min(regs, smem, glob) >= 0
+            k = grid_mma.gate_tiles(p) if backward else grid_mma.k_tiles(p)
+            assert warps * kt >= k > warps * (kt - 1)  # the product's k, split over the warps
+            assert (glob > 0) == (uw == 4)  # only streaming blocks read R from memory
+        plan = solve(p, H100)
+        assert plan.variant == variant.name
+        launch, b8 = plan.launch, cdiv(p.batch, 8) * 8
+        counters = p.heads * b8 * grid_mma.exchange_words(p) + p.heads * (b8 // 8)
+        if uw == 4:
+            streamed = max(grid_mma.streamed_bytes(p, 4, b) for b in (False, True))
+            region = p.heads * grid_mma.blocks_per_head(p, 4) * streamed // 4
+            assert launch.exchange_buffer_words == cdiv(counters, 4) * 4 + region
+            kernel = plan.build["kernels"][launch.forward.kernel]
+            assert kernel["fw_store"] > 0 and kernel["fw_smem"] <= grid_mma.LIBRARY_SMEM
+        else:
+            assert launch.exchange_buffer_words == counters
