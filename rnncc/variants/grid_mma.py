@@ -411,6 +411,46 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
 LIBRARY_SMEM = 227 * 1024
 
 
+# -- constraints both grid variants take --------------------------------------------------
+
+R_TILE = Constraint(
+    "r_tile_fits_registers",
+    "one k tile of R (4 registers per gate pair) takes at most 64 registers",
+    r_tile_fits_registers,
+    usage=lambda p, caps, pt: (gate_pairs(p), 16),
+)
+CO_RESIDENT = Constraint(
+    "head_blocks_co_resident",
+    "the blocks of one head are resident at once, blocks_per_sm per SM",
+    head_blocks_co_resident,
+    ("unit_tiles", "blocks_per_sm"),
+    usage=lambda p, caps, pt: (
+        blocks_per_head(p, pt["unit_tiles"]),
+        pt["blocks_per_sm"] * caps.sm_count,
+    ),
+)
+SHARED_MEMORY = Constraint(
+    "partial_sums_fit_shared_memory",
+    "a block's partial products (and the part of R a split block keeps there) fit its "
+    "opt-in shared memory",
+    partial_sums_fit_shared_memory,
+    ("n_tiles", "unit_tiles"),
+    usage=lambda p, caps, pt: (
+        max(
+            forward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
+            backward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
+        ),
+        smem_limit(caps),
+    ),
+)
+BATCH_TILES = Constraint(
+    "batch_tiles_needed",
+    "a block takes more batch rows only when the batch has them",
+    batch_tiles_needed,
+    ("n_tiles",),
+)
+
+
 class GridMma(Variant):
     name = "grid_mma"
     kernels: ClassVar[tuple[tuple[int, int], ...]] = KERNELS
@@ -418,12 +458,7 @@ class GridMma(Variant):
     dtypes = ("fp16", "bf16")
     host = "fused"
     constraints: ClassVar[tuple[Constraint, ...]] = (
-        Constraint(
-            "r_tile_fits_registers",
-            "one k tile of R (4 registers per gate pair) takes at most 64 registers",
-            r_tile_fits_registers,
-            usage=lambda p, caps, pt: (gate_pairs(p), 16),
-        ),
+        R_TILE,
         Constraint(
             "kernel_exists",
             "the library builds blocks of (n_tiles, unit_tiles) in "
@@ -452,16 +487,7 @@ class GridMma(Variant):
             product_warps,
             ("unit_tiles",),
         ),
-        Constraint(
-            "head_blocks_co_resident",
-            "the blocks of one head are resident at once, blocks_per_sm per SM",
-            head_blocks_co_resident,
-            ("unit_tiles", "blocks_per_sm"),
-            usage=lambda p, caps, pt: (
-                blocks_per_head(p, pt["unit_tiles"]),
-                pt["blocks_per_sm"] * caps.sm_count,
-            ),
-        ),
+        CO_RESIDENT,
         Constraint(
             "blocks_fit_an_sm",
             "blocks_per_sm blocks fit an SM's threads, shared memory and registers (at 255 per "
@@ -475,26 +501,8 @@ class GridMma(Variant):
             co_residence_only_when_needed,
             ("n_tiles", "unit_tiles", "blocks_per_sm"),
         ),
-        Constraint(
-            "partial_sums_fit_shared_memory",
-            "a block's partial products (and the part of R a split block keeps there) fit its "
-            "opt-in shared memory",
-            partial_sums_fit_shared_memory,
-            ("n_tiles", "unit_tiles"),
-            usage=lambda p, caps, pt: (
-                max(
-                    forward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
-                    backward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
-                ),
-                smem_limit(caps),
-            ),
-        ),
-        Constraint(
-            "batch_tiles_needed",
-            "a block takes more batch rows only when the batch has them",
-            batch_tiles_needed,
-            ("n_tiles",),
-        ),
+        SHARED_MEMORY,
+        BATCH_TILES,
     )
 
     def domains(self, problem: Problem, caps: HardwareCaps) -> dict[str, tuple[Any, ...]]:

@@ -14,16 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 from rnncc.variants.base import Constraint
 from rnncc.variants.grid_mma import (
+    BATCH_TILES,
+    CO_RESIDENT,
+    R_TILE,
+    SHARED_MEMORY,
     STREAM_KERNELS,
     GridMma,
-    backward_smem,
-    batch_tiles_needed,
-    blocks_per_head,
-    forward_smem,
-    head_blocks_co_resident,
-    partial_sums_fit_shared_memory,
-    r_tile_fits_registers,
-    smem_limit,
     streams_what_the_chip_cannot_hold,
     wide_blocks_fit_registers,
 )
@@ -41,11 +37,7 @@ class GridStream(GridMma):
     )
     kernels = STREAM_KERNELS
     constraints = (
-        Constraint(
-            "r_tile_fits_registers",
-            "one k tile of R (4 registers per gate pair) takes at most 64 registers",
-            r_tile_fits_registers,
-        ),
+        R_TILE,
         Constraint(
             "streams_what_the_chip_cannot_hold",
             "only for heads whose R grid_mma's wide blocks do not hold on chip (more blocks "
@@ -58,36 +50,9 @@ class GridStream(GridMma):
             wide_blocks_fit_registers,
             ("unit_tiles",),
         ),
-        Constraint(
-            "head_blocks_co_resident",
-            "the blocks of one head (32 units each) are resident at once, one per SM",
-            head_blocks_co_resident,
-            ("unit_tiles", "blocks_per_sm"),
-            usage=lambda p, caps, pt: (
-                blocks_per_head(p, pt["unit_tiles"]),
-                pt["blocks_per_sm"] * caps.sm_count,
-            ),
-        ),
-        Constraint(
-            "partial_sums_fit_shared_memory",
-            "a block's partial products and the part of R it keeps there fit its opt-in "
-            "shared memory",
-            partial_sums_fit_shared_memory,
-            ("n_tiles", "unit_tiles"),
-            usage=lambda p, caps, pt: (
-                max(
-                    forward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
-                    backward_smem(p, pt["n_tiles"], pt["unit_tiles"]),
-                ),
-                smem_limit(caps),
-            ),
-        ),
-        Constraint(
-            "batch_tiles_needed",
-            "a block takes more batch rows only when the batch has them",
-            batch_tiles_needed,
-            ("n_tiles",),
-        ),
+        CO_RESIDENT,
+        SHARED_MEMORY,
+        BATCH_TILES,
     )
 
     def domains(self, problem: Problem, caps: HardwareCaps) -> dict[str, tuple[Any, ...]]:
