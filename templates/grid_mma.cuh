@@ -1,8 +1,10 @@
-// The grid_mma variant's kernels (bf16 / fp16), for heads whose R does not fit one SM: block
-// (u, head, batch chunk) owns UW tiles of 8 units, [8 UW u, 8 UW u + 8 UW) (UW = 1: narrow
-// blocks, 2: wide), and the chunk's NT x 8 batch rows, and keeps its part of R in registers as
-// mma fragments for the whole sequence, the product's k (h's units forward, the gate rows
-// backward) split over the block's warps. A cell warp owns one unit tile (ut) of 8 batch rows
+// The grid_mma variant's kernels (bf16 / fp16), for heads whose R does not fit one SM, and
+// grid_stream's (grid_stream.cuh): block (u, head, batch chunk) owns UW tiles of 8 units,
+// [8 UW u, 8 UW u + 8 UW) (UW = 1: narrow blocks, 2: wide, 4: streaming), and the chunk's
+// NT x 8 batch rows, and keeps its part of R as mma fragments for the whole sequence, the
+// product's k (h's units forward, the gate rows backward) split over the block's warps: in
+// registers, or past what they hold (the plan says how many k tiles) in shared memory, and on
+// streaming blocks the rest in global memory, read every step. A cell warp owns one unit tile (ut) of 8 batch rows
 // (jt). A step:
 //
 // - forward: h of the step before, from every block of the head, through the exchange buffer
@@ -61,7 +63,7 @@ struct Kernels : MmaCommon<C> {
   static constexpr int kL2Ahead = 8;
 
   // The plan (traits) sizes each kernel: kGridKernels of them, kernel i with blocks of kGridUW[i]
-  // tiles of 8 units (1: narrow, 2: wide) and kGridNT[i] tiles of 8 batch rows, kGridFwThreads[i]
+  // tiles of 8 units (1: narrow, 2: wide, 4: streaming) and kGridNT[i] tiles of 8 batch rows, kGridFwThreads[i]
   // and kGridBwThreads[i] threads, kGridFwSmem[i] and kGridBwSmem[i] bytes of dynamic shared
   // memory; the product's k split over kFwWarps[w] warps of kFwKT[w] k tiles (R·h) and
   // kBwWarps[w] of kBwKT[w] (dgᵀ·R), w = width(UW); kXWords exchange values per (head, batch row): dg

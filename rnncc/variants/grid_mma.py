@@ -1,7 +1,8 @@
 """Grid MMA: the fused 16-bit kernels for heads whose R does not fit one SM.
 
 A head's units are split over blocks of 8 (narrow, ``unit_tiles`` 1) or 16 (wide, 2) units,
-each keeping its part of R in registers as mma fragments, the product's k split over the
+each keeping its part of R in registers as mma fragments (wide blocks past 1024 units: the
+first k tiles of each warp there, the rest in shared memory), the product's k split over the
 block's warps; a block also owns ``n_tiles`` × 8 batch rows. h (forward) and dg (backward)
 go through an exchange buffer in global memory behind a counter per batch chunk, each block
 waiting only for the values it reads. Every block of a launch must be resident at once (a
