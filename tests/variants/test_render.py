@@ -380,15 +380,16 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     at 256 units for every example, at 768 for the largest cells, at a small head once, and
     past 1024 units split wide blocks and streaming blocks.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
-    tier at 256 units (on sm_89 for LSTM, GRU and sLSTM), and the LSTM's at 448 (the largest head of wide blocks there) and, on
+    tier at 256 units (for LSTM, GRU, sLSTM and the peephole LSTM), and the LSTM's at 448 (the largest head of wide blocks there) and, on
     sm_80, 768 (narrow blocks only: wide ones spilled there). Fewer than on Hopper: the suite's
     time."""
     cells = {c.name: c for c in map(rnncc.load, EXAMPLES)}
     dims = (24, 64) if wide else (64,)
     cases = [(c, v, D) for c in cells.values() for D in dims for v in (FFMA, MMA)]
-    # The grid tier at 256 units for every cell; on sm_89 for the three main cells only (the
-    # suite's time: every cell's hooks in that skeleton are compiled for sm_80 and sm_90a).
-    grid_cells = ("lstm", "gru", "slstm") if caps.arch == "sm_89" else tuple(cells)
+    # The grid tier at 256 units for every cell on Hopper; elsewhere for the three main cells
+    # and the peephole LSTM (the most states and outputs) only, for the suite's time: every
+    # cell's hooks in that skeleton compile for sm_90a.
+    grid_cells = tuple(cells) if wide else ("lstm", "gru", "slstm", "peephole_lstm")
     cases += [(cells[n], GRID, 256) for n in grid_cells]
     if wide:
         cases += [(c, MMA, 128) for c in cells.values()]
