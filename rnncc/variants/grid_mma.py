@@ -223,16 +223,21 @@ def blocks_per_head(p: Problem, uw: int) -> int:
     return cdiv(cdiv(p.head_dim, 8), uw)
 
 
+def hopper(caps: HardwareCaps | None) -> bool:
+    """Whether ``caps`` is Hopper's (None: the library's default arch): split and streaming
+    blocks are built and checked there only."""
+    return caps is None or caps.arch == "sm_90"
+
+
 def wide_head_dim_limit(caps: HardwareCaps | None) -> int:
     """The largest head dim of wide blocks for the arch of ``caps`` (None: Hopper's)."""
-    hopper = caps is None or caps.arch == "sm_90"
-    return WIDE_MAX_HEAD_DIM if hopper else WIDE_MAX_HEAD_DIM_BEFORE_HOPPER
+    return WIDE_MAX_HEAD_DIM if hopper(caps) else WIDE_MAX_HEAD_DIM_BEFORE_HOPPER
 
 
 def wide_allowed(p: Problem, caps: HardwareCaps | None = None, uw: int = 2) -> bool:
     """Whether blocks of ``uw`` unit tiles (2: wide, 4: streaming) build for ``p``."""
     if uw == 4 or p.head_dim > NARROW_MAX_HEAD_DIM:
-        return caps is None or caps.arch == "sm_90"  # split blocks, compiled for Hopper only
+        return hopper(caps)
     return p.n_states + p.n_params <= WIDE_MAX_STATE_WORDS and p.head_dim <= wide_head_dim_limit(
         caps
     )
@@ -297,6 +302,10 @@ def product_warps(p: Problem, caps: HardwareCaps, uw: int) -> bool:
 
 def wide_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:
     return uw == 1 or wide_allowed(p, caps, uw)
+
+
+def built_for_hopper(p: Problem, caps: HardwareCaps) -> bool:
+    return hopper(caps)
 
 
 def narrow_blocks_fit_registers(p: Problem, caps: HardwareCaps, uw: int) -> bool:

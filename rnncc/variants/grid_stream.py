@@ -20,8 +20,8 @@ from rnncc.variants.grid_mma import (
     SHARED_MEMORY,
     STREAM_KERNELS,
     GridMma,
+    built_for_hopper,
     streams_what_the_chip_cannot_hold,
-    wide_blocks_fit_registers,
 )
 
 if TYPE_CHECKING:
@@ -47,8 +47,7 @@ class GridStream(GridMma):
         Constraint(
             "built_for_hopper",
             "streaming blocks are built for Hopper (sm_90) only",
-            wide_blocks_fit_registers,
-            ("unit_tiles",),
+            built_for_hopper,
         ),
         CO_RESIDENT,
         SHARED_MEMORY,
