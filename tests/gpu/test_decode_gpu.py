@@ -175,12 +175,7 @@ def test_decoding_a_stack_with_feedback_captures_in_a_cuda_graph() -> None:
 def test_states_of_any_layout_are_read() -> None:
     """States whose (B, NH, D) part is not contiguous (here head-major) are read as such."""
     cell = rnncc.load_builtin("lstm")
-    kw = _like(torch.empty(0, device="cuda", dtype=torch.bfloat16))
-    Wx, R, b = (
-        torch.randn(3, 4, 2, 8, **kw),
-        torch.randn(4, 2, 8, 8, **kw),
-        torch.randn(4, 2, 8, **kw),
-    )
+    Wx, R, b, kw = _lstm_step(B=3, NH=2, D=8)
     head_major = torch.randn(2, 2, 3, 8, **kw)  # [S, NH, B, D]
     s = head_major.transpose(1, 2)  # [S, B, NH, D], strided
     with torch.no_grad():
@@ -193,15 +188,21 @@ def test_states_of_any_layout_are_read() -> None:
 
 def test_new_states_may_not_overlap_the_states() -> None:
     cell = rnncc.load_builtin("lstm")
-    kw = _like(torch.empty(0, device="cuda", dtype=torch.bfloat16))
-    Wx, R, b = (
-        torch.randn(2, 4, 1, 8, **kw),
-        torch.randn(4, 1, 8, 8, **kw),
-        torch.randn(4, 1, 8, **kw),
-    )
+    Wx, R, b, kw = _lstm_step(B=2, NH=1, D=8)
     s, y = torch.randn(2, 2, 1, 8, **kw), torch.empty(1, 2, 1, 8, **kw)
     with torch.no_grad(), pytest.raises(RuntimeError, match="must not overlap the states"):
         cell.step(Wx, R, b, s, out=(y, s))
+
+
+def _lstm_step(B: int, NH: int, D: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict]:
+    """An LSTM step's random bf16 CUDA inputs W x_t, R, b, and their tensor options."""
+    kw = _like(torch.empty(0, device="cuda", dtype=torch.bfloat16))
+    return (
+        torch.randn(B, 4, NH, D, **kw),
+        torch.randn(4, NH, D, D, **kw),
+        torch.randn(4, NH, D, **kw),
+        kw,
+    )
 
 
 def _like(t: torch.Tensor) -> dict:
