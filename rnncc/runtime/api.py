@@ -3,7 +3,9 @@
 A ``CompiledCell`` holds the checked forward IR and its derived backward IR and is called
 like a function of tensors::
 
-    y, last = cell(Wx, R, b, states=None, params=None, backend="auto", lengths=None, reverse=False)
+    y, last = cell(
+        Wx, R, b, states=None, params=None, backend="auto", lengths=None, reverse=False, mask=None
+    )
 
 ``lengths`` (``[B]`` integers in ``1 .. T``, any device): row ``b`` runs steps
 ``0 .. lengths[b]-1``; its outputs at positions ``≥ lengths[b]`` are 0 and its ``last`` holds
@@ -14,6 +16,9 @@ also be one bool per head, reversing the last heads (``[False] * k + [True] * (N
 heads are independent recurrences, so a bidirectional ``RNN`` layer runs its two directions as
 the two halves of the heads of one call. On the CUDA backends lengths and directions run
 inside the kernels: the fused variants' plan (``timeline``) picks kernels built for them.
+``mask`` (bool, R's shape ``[Gr, NH, D, D]``, True: kept) makes R sparse: the call runs
+``R * mask`` (R's gradient is zero at the dropped entries), and on CUDA the planner may pick
+the sparse kernel, which keeps only R's non-zeros on chip (``rnncc.runtime.sparsity``).
 
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
 shape, dtype or device), fills defaults (declared initial states and params, made once per
@@ -30,6 +35,7 @@ is never silent). Kernels are built on first use, or by ``prepare``.
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -47,6 +53,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
+from rnncc.runtime.sparsity import StripDensities, masked, validate_mask
 from rnncc.runtime.validate import Sizes, validate, validate_lengths, validate_reverse
 
 if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
@@ -95,6 +102,7 @@ class CompiledCell:
         self._ops_at: dict[tuple[torch.device, int], tuple[Plan, KernelOps]] = {}
         self._defaults: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
         self._decoders: dict[torch.device, KernelOps] = {}
+        self._densities = StripDensities()  # of the masks it is called with
 
     # ---- description ---------------------------------------------------------------------
     @property
@@ -187,14 +195,19 @@ class CompiledCell:
         *,
         lengths: torch.Tensor | None = None,
         reverse: bool | Sequence[bool] = False,
+        mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(y, last)``; the inputs, ``lengths`` and ``reverse`` as in the module docstring."""
+        """``(y, last)``; the inputs, ``lengths``, ``reverse`` and ``mask`` as in the module
+        docstring."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         sizes = validate(self.ir, Wx, R, b, states, params)
         reverse_from = validate_reverse(reverse, sizes.NH)
         timeline = lengths is not None or reverse_from < sizes.NH
-        plan = self._choose(backend, Wx, sizes, timeline)
+        if mask is not None:
+            mask = validate_mask(mask, R)
+            R = masked(R, mask)  # type: ignore[arg-type]  # validate_mask: R is a tensor
+        plan = self._choose(backend, Wx, sizes, timeline, mask)
         if lengths is not None:  # int32 where the kernels read them
             dtype = torch.int64 if plan is None else torch.int32
             lengths = validate_lengths(lengths, sizes.B, sizes.T, Wx.device, dtype)
@@ -320,19 +333,23 @@ class CompiledCell:
         backend: str = "auto",
         *,
         timeline: bool = False,
+        density: float = 1.0,
     ) -> Plan:
         """The plan a call at these sizes runs on ``device``: the kernel variant, its
         parameters, its launch and predicted cost (``Plan.explain()``). ``backend``:
         ``"auto"`` (the cheapest variant), ``"fused"`` (the cheapest fused one; TilingError
         naming the binding constraints when none runs the size) or ``"stepwise"``.
-        ``timeline``: the plan of calls with ``lengths=`` or ``reverse=True``."""
+        ``timeline``: the plan of calls with ``lengths=`` or ``reverse=True``; ``density``:
+        of calls with a ``mask=`` keeping this fraction of R in its fullest strip of units
+        (``rnncc.runtime.sparsity.strip_density``)."""
         if dtype not in _CUDA_DTYPES:
             raise ValueError(f"the CUDA backends store float32, float16 or bfloat16; got {dtype}")
         if backend not in ("auto", "fused", "stepwise"):
             raise ValueError(
                 f"plans are for backend 'auto', 'fused' or 'stepwise'; got {backend!r}"
             )
-        return self._plan_for(torch.device(device), dtype, Sizes(B, 1, NH, D), backend, timeline)
+        sizes = Sizes(B, 1, NH, D)
+        return self._plan_for(torch.device(device), dtype, sizes, backend, timeline, density)
 
     def prepare(
         self,
@@ -343,16 +360,18 @@ class CompiledCell:
         batch: int = 16,
         heads: int = 1,
         timeline: bool = False,
+        density: float = 1.0,
     ) -> None:
         """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at
         the first call: the stepwise kernels, and with ``head_dim`` those of the plan for
-        these sizes (``timeline``: also those of calls with ``lengths=`` or ``reverse=True``).
-        Safe to call from several threads for different cells at once."""
+        these sizes (``timeline``: also those of calls with ``lengths=`` or ``reverse=True``;
+        ``density``: of calls with a mask, as in ``plan``). Safe to call from several threads
+        for different cells at once."""
         dev = torch.device(device)
         sizes = Sizes(batch, 1, heads, head_dim or 1)
         self._ops_for(dev, self._plan_for(dev, dtype, sizes, "stepwise"))
         if head_dim is not None:
-            self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto"))
+            self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", False, density))
             if timeline:
                 self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", True))
 
@@ -373,11 +392,13 @@ class CompiledCell:
         sizes: Sizes,
         backend: str,
         timeline: bool = False,
+        density: float = 1.0,
     ) -> Plan:
         """The plan of a call: solved on first use and kept (a device without an index, "the
         current device", is solved for each time)."""
         B, _, NH, D = sizes
-        key = (device, dtype, B, NH, D, backend, timeline)
+        density = min(1.0, math.ceil(density * 4096) / 4096)  # masks of about one density share it
+        key = (device, dtype, B, NH, D, backend, timeline, density)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -385,7 +406,13 @@ class CompiledCell:
         from rnncc.variants import BY_NAME, VARIANTS
 
         problem = Problem.from_cell(
-            self.ir, heads=NH, head_dim=D, batch=B, dtype=DTYPE_NAMES[dtype], timeline=timeline
+            self.ir,
+            heads=NH,
+            head_dim=D,
+            batch=B,
+            dtype=DTYPE_NAMES[dtype],
+            timeline=timeline,
+            density=density,
         )
         variants = {
             "auto": VARIANTS,
@@ -420,11 +447,25 @@ class CompiledCell:
             self._warned.add(key)
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
+    def _density(self, mask: torch.Tensor | None, device: torch.device, D: int) -> float:
+        """The kept fraction of ``mask``'s fullest strip of the sparse kernel's blocks on
+        ``device`` (1.0 without a mask)."""
+        if mask is None:
+            return 1.0
+        from rnncc.variants.grid_sparse import block_units
+
+        return self._densities(mask, block_units(D, self._caps(device).sm_count))
+
     def _choose(
-        self, backend: str, Wx: torch.Tensor, sizes: Sizes, timeline: bool = False
+        self,
+        backend: str,
+        Wx: torch.Tensor,
+        sizes: Sizes,
+        timeline: bool = False,
+        mask: torch.Tensor | None = None,
     ) -> Plan | None:
         """The plan of a CUDA call, or None where the reference backend runs it; ``timeline``:
-        the call has per-row lengths or runs reversed."""
+        the call has per-row lengths or runs reversed; ``mask``: R's mask, if any."""
         if backend == "reference":
             return None
         on_cuda = Wx.is_cuda
@@ -440,7 +481,8 @@ class CompiledCell:
                     f"{Wx.dtype} (use backend='reference' for float64)"
                 )
             try:
-                return self._plan_for(Wx.device, Wx.dtype, sizes, backend, timeline)
+                density = self._density(mask, Wx.device, sizes.D)
+                return self._plan_for(Wx.device, Wx.dtype, sizes, backend, timeline, density)
             except TilingError as err:
                 raise TilingError(
                     f"cell '{self.name}': no fused kernel for head dim {sizes.D}: {err}\n"
@@ -457,7 +499,8 @@ class CompiledCell:
                 ),
             )
             return None
-        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto", timeline)
+        density = self._density(mask, Wx.device, sizes.D)
+        plan = self._plan_for(Wx.device, Wx.dtype, sizes, "auto", timeline, density)
         if not plan.fused:
             self._warn_once(
                 ("stepwise", sizes.D, Wx.dtype),

@@ -44,6 +44,9 @@ class Problem:
     # per-row lengths or the reverse direction: the fused kernels map each row's steps to its
     # positions (rnncc_abi.h), built apart from the full-length forward ones
     timeline: bool = False
+    # R's kept fraction (a mask: its dropped entries are zeros) in the fullest strip of units
+    # that the sparse variant's blocks own (``rnncc.variants.grid_sparse``); 1.0: dense
+    density: float = 1.0
 
     def __post_init__(self) -> None:
         for field in ("heads", "head_dim", "batch", "n_states"):
@@ -66,6 +69,8 @@ class Problem:
                 raise ValueError(f"{field} must not be negative, got {getattr(self, field)}")
         if self.dtype not in DTYPES:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if not 0.0 <= self.density <= 1.0:
+            raise ValueError(f"density must be in [0, 1], got {self.density}")
 
     @property
     def dtype_bytes(self) -> int:
@@ -84,6 +89,7 @@ class Problem:
         return (
             f"Gr={self.gates_r}, NH={self.heads}, D={self.head_dim}, B={self.batch}, {self.dtype}"
             + (", per-row lengths or reversed" if self.timeline else "")
+            + (f", R {self.density:.1%} dense" if self.density < 1.0 else "")
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -100,6 +106,7 @@ class Problem:
         dtype: str = "bf16",
         op_counts: Mapping[str, int] | None = None,
         timeline: bool = False,
+        density: float = 1.0,
     ) -> Problem:
         """The problem of an IR cell at the given sizes.
 
@@ -125,6 +132,7 @@ class Problem:
             alu_ops=alu,
             cell_regs=estimate_cell_regs(op_counts),
             timeline=timeline,
+            density=density,
         )
 
 

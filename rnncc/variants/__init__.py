@@ -9,11 +9,19 @@ from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Variant
 from rnncc.variants.block_ffma import BlockFfma
 from rnncc.variants.block_mma import BlockMma
 from rnncc.variants.grid_mma import GridMma
+from rnncc.variants.grid_sparse import GridSparse
 from rnncc.variants.grid_stream import GridStream
 from rnncc.variants.stepwise import Stepwise
 
 #: Every variant, fused ones first (the order breaks cost ties).
-VARIANTS: tuple[Variant, ...] = (BlockFfma(), BlockMma(), GridMma(), GridStream(), Stepwise())
+VARIANTS: tuple[Variant, ...] = (
+    BlockFfma(),
+    BlockMma(),
+    GridMma(),
+    GridStream(),
+    GridSparse(),
+    Stepwise(),
+)
 #: The variants by name.
 BY_NAME: dict[str, Variant] = {v.name: v for v in VARIANTS}
 

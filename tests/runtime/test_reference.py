@@ -311,7 +311,7 @@ def test_kernel_backends_get_a_timeline_plan_and_int32_lengths(monkeypatch):
     monkeypatch.setattr(
         cell,
         "_choose",
-        lambda backend, Wx, sizes, timeline=False: (
+        lambda backend, Wx, sizes, timeline=False, mask=None: (
             seen.append(timeline) or SimpleNamespace(fused=True, launch="launch")
         ),
     )

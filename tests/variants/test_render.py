@@ -4,6 +4,7 @@ no register spills: for sm_90a (no warnings either), sm_80 and sm_89."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -29,7 +30,7 @@ GOLDEN = ROOT / "tests" / "golden"
 H100 = caps_for_arch("h100")
 FUSED = tuple(v for v in VARIANTS if v.host == "fused")
 FFMA, MMA, GRID = BY_NAME["block_ffma"], BY_NAME["block_mma"], BY_NAME["grid_mma"]
-STREAM = BY_NAME["grid_stream"]
+STREAM, SPARSE = BY_NAME["grid_stream"], BY_NAME["grid_sparse"]
 
 
 def problem(
@@ -90,7 +91,7 @@ def test_golden(path, variant, D, update_golden):
 
 def test_head_dim_limits_of_each_variant():
     lstm = example("lstm").ir
-    on_chip = [v for v in FUSED if v is not STREAM]
+    on_chip = [v for v in FUSED if v not in (STREAM, SPARSE)]
     assert all(not ruled_out(lstm, block_ffma.MAX_HEAD_DIM, v) for v in on_chip)
     # Streaming blocks only where their R does not fit on chip; where grid_mma's does too,
     # the planner prefers it (nothing to stream).
@@ -232,6 +233,8 @@ def test_timeline_kernels_are_a_build_of_their_own():
     so a library of its own); full-length forward calls keep the kernels without it."""
     lstm = example("lstm")
     for variant in FUSED:
+        if variant is SPARSE:  # full-length sequences only (test_sparse_variant.py)
+            continue
         plain, timed = render(lstm, variant, 64), render(lstm, variant, 64, timeline=True)
         assert "  static constexpr bool kTimeline = false;" in plain.text.splitlines()
         assert "  static constexpr bool kTimeline = true;" in timed.text.splitlines()
@@ -418,6 +421,11 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         for c, v, D in timed
         if not ruled_out(c.ir, D, v, caps)
     ]
+    if wide:  # grid_sparse (planned only for masks): every cell with an R, 8 batch rows, and 4
+        sources += [render(c, SPARSE, 2304, caps=caps) for c in cells.values() if c.gr_names]
+        lstm = cells["lstm"]
+        p4 = dataclasses.replace(problem(lstm.ir, 2304, SPARSE), batch=4)
+        sources += [SPARSE.render(lstm.ir, lstm.backward_ir, SPARSE.build(p4, caps))]
     return sources
 
 

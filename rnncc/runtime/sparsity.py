@@ -1,0 +1,96 @@
+"""A sparse R: masks, their check, their pruning, and what the planner needs to know of them.
+
+A mask is a bool tensor of R's shape ``[Gr, NH, D, D]`` (True: kept). A cell call with
+``mask=`` runs ``R * mask``: the dropped entries are zeros of R, R's gradient is zero there,
+and on CUDA the sparse kernel (``grid_sparse``) keeps only the non-zeros on chip. The planner
+needs one number of a mask: the kept fraction of its fullest strip of ``units`` units, over
+the rows of R those units own (forward) and over their columns (backward); it is computed on
+the device once per mask (and again after the mask changes in place).
+
+``magnitude_mask(R, density)``: the mask keeping the ``density`` largest-magnitude entries of
+each gate of each head.
+"""
+
+from __future__ import annotations
+
+import math
+import weakref
+
+import torch
+
+from rnncc.runtime.validate import _shape
+
+
+def validate_mask(mask: object, R: torch.Tensor | None) -> torch.Tensor:
+    """``mask`` checked against ``R``: a bool tensor of R's shape on R's device, or a
+    ``ValueError`` naming what differs."""
+    if R is None:
+        raise ValueError("mask= needs R (the cell has no recurrent matrix, or R was not given)")
+    want = _shape(R)
+    if not isinstance(mask, torch.Tensor):
+        raise ValueError(
+            f"mask must be a bool torch.Tensor of shape {want} like R, got {type(mask).__name__}"
+        )
+    if mask.layout != torch.strided:
+        raise ValueError(f"mask must be a dense (strided) bool tensor, got layout {mask.layout}")
+    if mask.dtype != torch.bool:
+        raise ValueError(f"mask has dtype {mask.dtype}, expected torch.bool (True: kept)")
+    if mask.shape != R.shape:
+        raise ValueError(f"mask has shape {_shape(mask)}, expected {want} like R [Gr, NH, D, D]")
+    if mask.device != R.device:
+        raise ValueError(f"mask is on {mask.device}, expected {R.device} like R")
+    return mask
+
+
+def masked(R: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``R`` with the dropped entries zero; differentiable in ``R`` (zero gradient there)."""
+    return torch.where(mask, R, torch.zeros((), dtype=R.dtype, device=R.device))
+
+
+def strip_density(mask: torch.Tensor, units: int) -> float:
+    """The kept fraction of ``mask``'s fullest strip: blocks of ``units`` units (the last one
+    padded), each owning R's rows of its units over every gate (forward) and R's columns of its
+    units over every gate row (backward), both ``Gr × units × D`` entries."""
+    G, NH, D, _ = mask.shape
+    blocks = -(-D // units)
+    pad = blocks * units - D
+    m = mask.to(torch.int32)
+    rows = torch.nn.functional.pad(m, (0, 0, 0, pad)).view(G, NH, blocks, units, D)
+    cols = torch.nn.functional.pad(m, (0, pad)).view(G, NH, D, blocks, units)
+    fullest = torch.maximum(rows.sum((0, 3, 4)).max(), cols.sum((0, 2, 4)).max())
+    return float(fullest.item()) / (G * units * D)
+
+
+class StripDensities:
+    """``strip_density`` of the masks a cell is called with, kept while each mask lives and
+    until it changes in place (its version counter moves). Keyed by identity: a tensor's
+    ``==`` is elementwise, so no mapping may compare masks."""
+
+    KEPT = 64  # entries past which those of masks no longer alive are dropped
+
+    def __init__(self) -> None:
+        self._kept: dict[int, tuple[weakref.ref[torch.Tensor], int, int, float]] = {}
+
+    def __call__(self, mask: torch.Tensor, units: int) -> float:
+        found = self._kept.get(id(mask))
+        version = mask._version
+        if found is not None and found[0]() is mask and found[1:3] == (version, units):
+            return found[3]
+        density = strip_density(mask, units)
+        if len(self._kept) >= self.KEPT:
+            self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
+        self._kept[id(mask)] = (weakref.ref(mask), version, units, density)
+        return density
+
+
+def magnitude_mask(R: torch.Tensor, density: float) -> torch.Tensor:
+    """The mask keeping the ``ceil(density × D × D)`` entries of largest magnitude of each
+    (gate, head) of ``R`` ``[Gr, NH, D, D]`` (ties: the first in row-major order)."""
+    if not 0.0 < density <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    G, NH, D, _ = R.shape
+    keep = math.ceil(density * D * D)
+    flat = R.detach().abs().reshape(G, NH, D * D)
+    mask = torch.zeros_like(flat, dtype=torch.bool)
+    mask.scatter_(2, flat.topk(keep, dim=2, sorted=False).indices, True)
+    return mask.view(G, NH, D, D)

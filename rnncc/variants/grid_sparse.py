@@ -1,0 +1,229 @@
+"""Grid sparse: the fused 16-bit kernels for a sparse R (a mask), its non-zeros kept on chip.
+
+A head's units are split over blocks of ``units`` units (as few per block as fill the SMs),
+each with ``rows`` batch rows (4 or 8). A block keeps the non-zeros of its strips of R in
+shared memory for the whole sequence, 32 bits each (the 16-bit value and its column): the
+forward's strip is R's rows of the block's units (all gates), the backward's R's columns of
+them (all gate rows). The kernel finds them itself before the first step (zeros of R are
+skipped, so a mask's dropped entries cost nothing), so the plan needs only the kept fraction
+of the fullest strip (``Problem.density``, from the mask) to know they fit. A step stages h
+(or dg, a gate's rows at a time) in shared memory and runs the entries on the CUDA cores
+(fp32 sums), a warp per even share of them; h and dg go through an exchange buffer behind a
+counter per (head, batch chunk), as on ``grid_mma``. Every block of a launch is resident at
+once (a cooperative launch); (head, chunk) pairs beyond the SMs run in further launches.
+Full-length sequences in one direction only (``lengths=`` and ``reverse=`` take the dense
+variants).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
+from rnncc.variants.costs import (
+    GRID_GATHER_BYTES_PER_US,
+    GRID_STEP_US,
+    SMEM_BYTES_PER_CLK,
+    cycles_us,
+    pointwise_us,
+)
+from rnncc.variants.grid_mma import LIBRARY_SMEM, smem_limit
+
+if TYPE_CHECKING:
+    from rnncc.codegen.source import GeneratedSource
+    from rnncc.ir.cell import BackwardCell, Cell
+    from rnncc.tiling.hardware import HardwareCaps
+    from rnncc.tiling.problem import Problem
+
+#: A block's threads: 16 warps share its entries.
+THREADS = 512
+#: SMs of the device a library is built for when the plan names none (an H100 SXM's).
+DEFAULT_SMS = 132
+#: Shared-memory wavefronts per entry of a step beyond the bytes it reads: random columns
+#: make a warp's gathers of h collide in banks.
+BANK_CONFLICTS = 1.5
+
+
+def block_units(head_dim: int, sm_count: int) -> int:
+    """Units of a block: the fewest (an even number) that put a head on at most ``sm_count``
+    blocks, so that each block's strips are as small as the chip allows."""
+    return max(2, 2 * cdiv(head_dim, 2 * sm_count))
+
+
+def rows(p: Problem) -> int:
+    """Batch rows of a block: 4 for batches of up to 4, else 8."""
+    return 4 if p.batch <= 4 else 8
+
+
+def _sms(caps: HardwareCaps | None) -> int:
+    return DEFAULT_SMS if caps is None else caps.sm_count
+
+
+def _fixed_bytes(p: Problem, units: int, backward: bool) -> int:
+    """Shared memory besides the entries (the kernel's ``Shape``): the operand's chunk (kD
+    columns x rows, 16-bit), the slots' float sums, the entries' start per (chunk, slot), each
+    warp's first slot per chunk, and the backward's biases and params of the block's units."""
+    gr = max(p.gates_r, 1)
+    slots, chunks = (units, gr) if backward else (gr * units, 1)
+    nb = rows(p)
+    fixed = 2 * p.head_dim * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
+    fixed += 4 * chunks * (THREADS // 32)
+    if backward:
+        fixed += 4 * (max(p.gates_b, 1) + max(p.n_params, 1)) * units
+    return fixed
+
+
+def capacity(p: Problem, units: int, backward: bool, smem: int = LIBRARY_SMEM) -> int:
+    """Entries a block holds in ``smem`` bytes (a multiple of 4, so the operand after them is
+    16-byte aligned)."""
+    return max(0, (smem - _fixed_bytes(p, units, backward)) // 16 * 4)
+
+
+def strip_entries(p: Problem, units: int) -> int:
+    """The entries of the fullest strip: its kept fraction of ``gates_r × units × head_dim``
+    (a forward strip's rows and a backward strip's columns are as many)."""
+    return math.ceil(p.density * max(p.gates_r, 1) * units * p.head_dim)
+
+
+def exchange_buffer_words(p: Problem) -> int:
+    """The exchange: 16-bit values [2][heads][chunks][gates_r × head_dim][rows], then a 32-bit
+    counter per (head, chunk)."""
+    chunks = cdiv(p.batch, rows(p))
+    values = 2 * p.heads * chunks * max(p.gates_r, 1) * p.head_dim * rows(p)
+    return values // 2 + p.heads * chunks
+
+
+# -- constraints ---------------------------------------------------------------------------
+
+
+def sparse_r(p: Problem, caps: HardwareCaps) -> bool:
+    return p.density < 1.0 and p.gates_r > 0
+
+
+def full_length_only(p: Problem, caps: HardwareCaps) -> bool:
+    return not p.timeline
+
+
+def entries_fit_shared_memory(p: Problem, caps: HardwareCaps) -> bool:
+    units = block_units(p.head_dim, caps.sm_count)
+    limit = smem_limit(caps)
+    need = strip_entries(p, units)
+    return need <= capacity(p, units, False, limit) and need <= capacity(p, units, True, limit)
+
+
+def cell_threads(p: Problem, caps: HardwareCaps) -> bool:
+    return block_units(p.head_dim, caps.sm_count) * rows(p) // 2 <= THREADS
+
+
+def _entries_usage(p: Problem, caps: HardwareCaps, point: Point) -> tuple[float, float]:
+    units = block_units(p.head_dim, caps.sm_count)
+    limit = smem_limit(caps)
+    return strip_entries(p, units), min(capacity(p, units, b, limit) for b in (False, True))
+
+
+class GridSparse(Variant):
+    name = "grid_sparse"
+    summary = (
+        "CUDA-core grid tier for a sparse R: each block keeps the non-zeros of its units' rows "
+        "and columns of R in shared memory for the whole sequence"
+    )
+    dtypes = ("fp16", "bf16")
+    host = "fused"
+    constraints = (
+        Constraint(
+            "sparse_r",
+            "only for calls with a mask (R's kept fraction below 1)",
+            sparse_r,
+        ),
+        Constraint(
+            "full_length_only",
+            "full-length sequences in one direction (no lengths=, no reverse=)",
+            full_length_only,
+        ),
+        Constraint(
+            "entries_fit_shared_memory",
+            "the non-zeros of a block's fullest strip of R (4 bytes each) fit its shared "
+            "memory beside h or a gate's rows of dg",
+            entries_fit_shared_memory,
+            usage=_entries_usage,
+        ),
+        Constraint(
+            "cell_threads",
+            f"a block's units x its batch rows / 2 cell threads fit its {THREADS} threads",
+            cell_threads,
+        ),
+    )
+
+    def build(self, problem: Problem, caps: HardwareCaps | None = None) -> dict[str, Any]:
+        p = problem
+        units = block_units(p.head_dim, _sms(caps))
+        smem = LIBRARY_SMEM if caps is None else smem_limit(caps)
+        fw, bw = capacity(p, units, False, smem), capacity(p, units, True, smem)
+        return {
+            "variant": self.name,
+            "D": p.head_dim,
+            "units": units,
+            "rows": rows(p),
+            "threads": THREADS,
+            "fw_entries": fw,
+            "bw_entries": bw,
+            "fw_smem": 4 * fw + _fixed_bytes(p, units, False),
+            "bw_smem": 4 * bw + _fixed_bytes(p, units, True),
+            "exchange_words": max(p.gates_r, 1) * p.head_dim,
+        }
+
+    def _split(self, problem: Problem, caps: HardwareCaps) -> tuple[int, int, int]:
+        """(heads per launch, chunks per launch, launches), one block per SM at most."""
+        p = problem
+        blocks = cdiv(p.head_dim, block_units(p.head_dim, caps.sm_count))
+        chunks = cdiv(p.batch, rows(p))
+        if blocks * chunks <= caps.sm_count:
+            heads, per = max(1, min(p.heads, caps.sm_count // (blocks * chunks))), chunks
+        else:
+            heads, per = 1, max(1, caps.sm_count // blocks)
+        return heads, per, cdiv(p.heads, heads) * cdiv(chunks, per)
+
+    def launch(self, problem: Problem, caps: HardwareCaps, point: Point) -> Launch:
+        b = self.build(problem, caps)
+        heads, chunks, launches = self._split(problem, caps)
+        grid = (cdiv(problem.head_dim, b["units"]), heads, chunks)
+        return Launch(
+            KernelLaunch(0, THREADS, b["fw_smem"], grid, launches),
+            KernelLaunch(0, THREADS, b["bw_smem"], grid, launches),
+            b["exchange_words"],
+            exchange_buffer_words(problem),
+        )
+
+    def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
+        p = problem
+        units, nb = block_units(p.head_dim, caps.sm_count), rows(p)
+        entries = strip_entries(p, units)
+        # Each entry: its 4 bytes and the operand's rows of its column, from shared memory.
+        product = cycles_us(entries * (4 + 2 * nb) * BANK_CONFLICTS / SMEM_BYTES_PER_CLK, caps)
+        terms: tuple[tuple[str, float], ...] = (
+            ("wait", GRID_STEP_US),
+            ("gather", p.head_dim * nb * p.dtype_bytes / GRID_GATHER_BYTES_PER_US),
+            ("product", product),
+            ("cell", pointwise_us(p, caps, units * nb)),
+        )
+        unit = sum(us for _, us in terms)
+        launches = self._split(p, caps)[2]
+        # The backward stages dg a gate at a time: its gather is gates_r times the forward's.
+        backward = unit + (max(p.gates_r, 1) - 1) * (terms[1][1] + GRID_STEP_US / 2)
+        return Cost(terms, launches, unit * launches, backward * launches)
+
+    def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
+        from rnncc.codegen.source import render_fused
+
+        traits = [
+            ("int", "kD", build["D"]),
+            ("int", "kU", build["units"]),
+            ("int", "kNB", build["rows"]),
+            ("int", "kSparseThreads", build["threads"]),
+            ("int", "kFwEntries", build["fw_entries"]),
+            ("int", "kBwEntries", build["bw_entries"]),
+            ("int", "kFwSmem", build["fw_smem"]),
+            ("int", "kBwSmem", build["bw_smem"]),
+        ]
+        return render_fused(cell, bwd, self.name, build, traits, fast=True)

@@ -1,0 +1,549 @@
+// The grid_sparse variant's kernels (bf16 / fp16): the grid tier for a sparse R (a mask whose
+// dropped entries are zeros of R). Block (u, head, batch chunk) owns kU units [kU u, kU u + kU)
+// and kNB batch rows, and keeps the non-zeros of its part of R in shared memory for the whole
+// sequence as 32-bit entries: the value's 16 bits, then its column (16 bits). The forward's
+// part is R's rows of its units (slots: gate k, unit: k kU + unit), the backward's R's columns
+// of its units (slots: the units; a column index is a gate row k D + row, in chunks of one gate,
+// kD columns, each chunk's operand staged in turn).
+//
+// The kernel's prologue finds the non-zeros itself (a warp per slot, ballots in column order,
+// so the order and the sums are deterministic) and splits each chunk's entries evenly over the
+// warps (a warp's range may start and end inside a slot). A step:
+//
+// - wait for the head's blocks (a counter per (head, batch chunk), as on grid_mma), copy the
+//   operand (h, or one gate's rows of dg) from the exchange buffer into shared memory
+//   ([column][kNB rows], 16-bit), and each warp runs its entries: a lane takes one entry, reads
+//   the operand's kNB values of its column in one load and adds value x those into kNB sums; at
+//   a slot's end the warp reduces them and adds them into the block's sums (shared memory);
+// - forward: the cell threads (unit, pair of rows) run C::forward on the gate sums and publish
+//   the new h; backward: the cell threads (row, pair of units) run C::backward, publish the
+//   gate cotangents, and add the block's sums (Rᵀ dg of their units) into the states'.
+//
+// Full-length sequences only (no kTimeline): lengths and the reverse direction take the dense
+// variants. Templated on the generated cell struct C: its shape and the plan's kU, kNB,
+// kSparseThreads, kFwEntries / kBwEntries (each block's capacity), kFwSmem / kBwSmem.
+#pragma once
+#include <mutex>
+#include <type_traits>
+
+#include "mma_common.cuh"
+
+namespace rnncc {
+namespace grid_sparse {
+
+template <class C>
+struct Kernels : MmaCommon<C> {
+  using Base = MmaCommon<C>;
+  using Base::kS, Base::kO, Base::kGx, Base::kGr, Base::kGb, Base::kP, Base::kRec, Base::kD, Base::kRows;
+  using Base::kPairs, Base::put2, Base::load_step_inputs;
+  using typename Base::SumOverTime, typename Base::StepResults, typename Base::BackwardOut;
+  template <typename T>
+  using StepInputs = typename Base::template StepInputs<T>;
+  template <typename T>
+  using ForwardIn = typename Base::template ForwardIn<T>;
+  template <typename T, int kLen>
+  using BackwardIn = typename Base::template BackwardIn<T, kLen>;
+
+  static constexpr int kNB = C::kNB, kU = C::kU, kThreads = C::kSparseThreads, kWarps = kThreads / 32;
+  static constexpr int kK = (kGr > 0 ? kGr : 1) * kD;  // exchange values per batch row: dg's gate rows (h fits)
+  static_assert(!C::kTimeline, "sparse kernels run full-length sequences in one direction");
+  static_assert(kGr > 0, "a sparse R needs an R");
+  static_assert(kU % 2 == 0 && (kNB == 4 || kNB == 8), "pairs of units, 4 or 8 batch rows");
+  static_assert(kD <= 65536, "a column index fits 16 bits");
+  static_assert(kU * kNB / 2 <= kThreads, "a cell thread per (unit, row pair) and (row, unit pair)");
+  static constexpr int kL2Ahead = 8;
+
+  // The shared memory of one direction, in bytes from the start: the entries, the operand's
+  // chunk, the slots' sums, the entries' start per (chunk, slot), each warp's first slot per
+  // chunk, and (backward) the biases and params of the block's units. The plan sizes the whole
+  // (kFwSmem, kBwSmem) with the same sums.
+  template <bool Fw>
+  struct Shape {
+    static constexpr int kSlots = Fw ? kGr * kU : kU;
+    static constexpr int kChunks = Fw ? 1 : kGr;
+    static constexpr int kCap = Fw ? C::kFwEntries : C::kBwEntries;
+    static constexpr int kOperand = 4 * kCap;
+    static constexpr int kSums = kOperand + 2 * kD * kNB;
+    static constexpr int kStart = kSums + 4 * kSlots * kNB;
+    static constexpr int kFirst = kStart + 4 * (kChunks * kSlots + 1);
+    static constexpr int kSide = kFirst + 4 * kChunks * kWarps;
+    static constexpr int kBytes = kSide + (Fw ? 0 : 4 * ((kGb > 0 ? kGb : 1) + (kP > 0 ? kP : 1)) * kU);
+    static_assert(kCap % 4 == 0 && kCap > 0, "the operand follows the entries 16-byte aligned");
+    static_assert(kBytes <= (Fw ? C::kFwSmem : C::kBwSmem), "the plan's shared memory holds the kernel's");
+  };
+
+  // The exchange of a (head, batch chunk): 16-bit values [2][NH][chunks][kK][kNB] (slot by step
+  // parity), then the counters [NH][chunks]; each block adds 1 to its counter per step.
+  struct Exchange {
+    const unsigned short* values;
+    unsigned short* out;
+    long long slot_size;
+    unsigned* counter;
+    __device__ Exchange(unsigned* xchg, const int NH, const int chunks, const int n, const int c) {
+      const long long per = (long long)kK * kNB;
+      out = reinterpret_cast<unsigned short*>(xchg) + ((long long)n * chunks + c) * per;
+      values = out;
+      slot_size = (long long)NH * chunks * per;
+      counter = xchg + slot_size + (long long)n * chunks + c;  // past both slots (32-bit words)
+    }
+    __device__ __forceinline__ unsigned short* slot(const int s) const { return out + (s & 1) * slot_size; }
+  };
+
+  // Stage columns [c kD, c kD + kD) of an exchange slot into the operand (8-byte copies; L2 only:
+  // other SMs wrote them).
+  static __device__ __forceinline__ void stage(unsigned char* smem, const unsigned short* slot, const int c, const int off) {
+    const uint2* src = reinterpret_cast<const uint2*>(slot + (long long)c * kD * kNB);
+    uint2* dst = reinterpret_cast<uint2*>(smem + off);
+    for (int i = threadIdx.x; i < kD * kNB / 4; i += kThreads) dst[i] = __ldcg(src + i);
+  }
+
+  // The non-zeros of the block's strips into its entries (see the file's comment). `at(s, j)`:
+  // the 16-bit pattern of strip s's column j (j < kChunks kD; chunk j / kD).
+  template <bool Fw, class At>
+  static __device__ void gather(unsigned char* smem, const At& at) {
+    using Sh = Shape<Fw>;
+    uint32_t* const ent = reinterpret_cast<uint32_t*>(smem);
+    int* const start = reinterpret_cast<int*>(smem + Sh::kStart);
+    int* const first = reinterpret_cast<int*>(smem + Sh::kFirst);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    auto nonzero = [](const unsigned short v) { return (v & 0x7fffu) != 0; };
+    for (int s = warp; s < Sh::kSlots; s += kWarps) {
+      for (int c = 0; c < Sh::kChunks; ++c) {
+        int count = 0;
+        for (int j0 = 0; j0 < kD; j0 += 32) {
+          const int j = j0 + lane;
+          count += __popc(__ballot_sync(0xffffffffu, j < kD && nonzero(at(s, c * kD + j))));
+        }
+        if (lane == 0) start[c * Sh::kSlots + s] = count;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {  // once per launch: a few hundred slots
+      int run = 0;
+      for (int i = 0; i < Sh::kChunks * Sh::kSlots; ++i) {
+        const int v = start[i];
+        start[i] = run;
+        run += v;
+      }
+      start[Sh::kChunks * Sh::kSlots] = run;
+      if (run > Sh::kCap) __trap();  // the host checked the mask's strips against the capacity
+    }
+    __syncthreads();
+    for (int i = threadIdx.x; i < Sh::kChunks * kWarps; i += kThreads) {
+      const int c = i / kWarps, w = i % kWarps;
+      const int base = start[c * Sh::kSlots], total = start[(c + 1) * Sh::kSlots] - base;
+      const int lo = base + (int)((long long)total * w / kWarps);
+      int s = 0;
+      while (s + 1 < Sh::kSlots && start[c * Sh::kSlots + s + 1] <= lo) ++s;
+      first[i] = s;
+    }
+    for (int s = warp; s < Sh::kSlots; s += kWarps) {
+      for (int c = 0; c < Sh::kChunks; ++c) {
+        int pos = start[c * Sh::kSlots + s];
+        for (int j0 = 0; j0 < kD; j0 += 32) {
+          const int j = j0 + lane;
+          const unsigned short v = j < kD ? at(s, c * kD + j) : (unsigned short)0;
+          const unsigned m = __ballot_sync(0xffffffffu, j < kD && nonzero(v));
+          if (j < kD && nonzero(v)) ent[pos + __popc(m & ((1u << lane) - 1u))] = ((uint32_t)v << 16) | (uint32_t)j;
+          pos += __popc(m);
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  template <typename T>
+  static __device__ __forceinline__ float value(const uint32_t e) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+      return __uint_as_float(e & 0xffff0000u);
+    else
+      return __half2float(__ushort_as_half((unsigned short)(e >> 16)));
+  }
+  // Two 16-bit values of adjacent rows as floats.
+  template <typename T>
+  static __device__ __forceinline__ float2 pair(const uint32_t w) {
+    if constexpr (std::is_same<T, __nv_bfloat16>::value)
+      return make_float2(__uint_as_float(w << 16), __uint_as_float(w & 0xffff0000u));
+    else
+      return __half22float2(*reinterpret_cast<const __half2*>(&w));
+  }
+
+  // Warp `warp`'s entries of chunk c (staged in the operand) into the slots' sums.
+  template <typename T, bool Fw>
+  static __device__ __forceinline__ void product(unsigned char* smem, const int c) {
+    using Sh = Shape<Fw>;
+    typedef typename std::conditional<kNB == 4, uint2, uint4>::type Vec;
+    const uint32_t* const ent = reinterpret_cast<const uint32_t*>(smem);
+    const Vec* const op = reinterpret_cast<const Vec*>(smem + Sh::kOperand);
+    float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
+    const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int base = start[c * Sh::kSlots], total = start[(c + 1) * Sh::kSlots] - base;
+    int lo = base + (int)((long long)total * warp / kWarps);
+    const int hi = base + (int)((long long)total * (warp + 1) / kWarps);
+    int s = reinterpret_cast<const int*>(smem + Sh::kFirst)[c * kWarps + warp];
+    constexpr int kUnroll = 4;
+    while (lo < hi) {
+      const int end = min(hi, start[c * Sh::kSlots + s + 1]);
+      float acc[kNB];
+#pragma unroll
+      for (int b = 0; b < kNB; ++b) acc[b] = 0.0f;
+      for (int e = lo + lane; e < end; e += 32 * kUnroll) {
+        uint32_t w[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) w[j] = e + 32 * j < end ? ent[e + 32 * j] : 0u;  // value 0, column 0
+        Vec h[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) h[j] = op[w[j] & 0xffffu];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) {
+          const float v = value<T>(w[j]);
+          const uint32_t* hw = reinterpret_cast<const uint32_t*>(&h[j]);
+#pragma unroll
+          for (int b = 0; b < kNB / 2; ++b) {
+            const float2 x = pair<T>(hw[b]);
+            acc[2 * b] = fmaf(v, x.x, acc[2 * b]);
+            acc[2 * b + 1] = fmaf(v, x.y, acc[2 * b + 1]);
+          }
+        }
+      }
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1)
+#pragma unroll
+        for (int b = 0; b < kNB; ++b) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
+      if (lane < kNB) {
+        float mine = acc[0];
+#pragma unroll
+        for (int b = 1; b < kNB; ++b) mine = lane == b ? acc[b] : mine;
+        atomicAdd(sums + s * kNB + lane, mine);
+      }
+      lo = end;
+      ++s;
+    }
+  }
+
+  template <typename T>
+  static __device__ __forceinline__ void forward(const rnncc_fused_args& a, const int n0, const int c0) {
+    using Sh = Shape<true>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
+    const int u = blockIdx.x, n = n0 + blockIdx.y, c = c0 + blockIdx.z, b0 = c * kNB;
+    const int chunks = (a.B + kNB - 1) / kNB;
+    const long long NHD = (long long)a.NH * kD;
+    const unsigned short* R = static_cast<const unsigned short*>(a.R);
+    gather<true>(smem, [&](const int s, const int j) -> unsigned short {
+      const int k = s / kU, d = kU * u + s % kU;
+      return d < kD ? R[(((long long)k * a.NH + n) * kD + d) * kD + j] : (unsigned short)0;
+    });
+    for (int i = threadIdx.x; i < Sh::kSlots * kNB; i += kThreads) sums[i] = 0.0f;
+
+    // A cell thread: unit d = kU u + dl, rows b0 + 2 j + q (q < 2).
+    const int dl = threadIdx.x % kU, j2 = threadIdx.x / kU;
+    const int d = kU * u + dl;
+    const bool cell = threadIdx.x < kU * kNB / 2, unit = cell && d < kD;
+    const Exchange ex(a.xchg, a.NH, chunks, n, c);
+    const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
+    const T* states = static_cast<const T*>(a.states);
+    float st[kS][2], pv[kP > 0 ? kP : 1][2], bv[kGb > 0 ? kGb : 1][2];
+    uint32_t wxv[kGx > 0 ? kGx : 1][2];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      const int gb = b0 + 2 * j2 + q;
+      const bool live = unit && gb < a.B;
+#pragma unroll
+      for (int s = 0; s < kS; ++s) {
+        st[s][q] = live ? rnncc::to_float(states[(((long long)s * a.B + gb) * a.NH + n) * kD + d]) : 0.0f;
+        if (live && a.hist) a.hist[(((long long)s * a.NH + n) * a.B + gb) * kD + d] = st[s][q];
+      }
+#pragma unroll
+      for (int k = 0; k < kGb; ++k) bv[k][q] = unit ? rnncc::to_float(bias[k * NHD + d]) : 0.0f;
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+        pv[p][q] = unit ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
+      if (live) ex.slot(0)[(long long)d * kNB + 2 * j2 + q] = rnncc::bits16(rnncc::from_float<T>(st[kRec][q]));
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) rnncc::xchg_count(ex.counter);
+    const unsigned blocks = gridDim.x;
+    [[maybe_unused]] const long long yO = (long long)a.B * a.T * NHD;
+    const long long NBD = (long long)a.NH * a.B * kD;
+    T* const Y = static_cast<T*>(a.y);
+    auto load_wx = [&](const int t) {
+      const int tc = t < a.T ? t : a.T - 1;
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int gb = b0 + 2 * j2 + q;
+        const bool live = unit && gb < a.B;
+        const unsigned short* Wx = static_cast<const unsigned short*>(a.Wx) +
+                                   (live ? ((long long)gb * a.T + tc) * kGx * NHD + (long long)n * kD + d : 0);
+#pragma unroll
+        for (int k = 0; k < kGx; ++k) wxv[k][q] = Wx[k * NHD];
+      }
+    };
+    if (a.T > 0) load_wx(0);
+
+    for (int t = 0; t < a.T; ++t) {
+      rnncc::xchg_wait(ex.counter, (unsigned)(t + 1) * blocks);
+      stage(smem, ex.slot(t), 0, Sh::kOperand);
+      __syncthreads();
+      product<T, true>(smem, 0);
+      __syncthreads();
+      float acc[kPairs][4];  // C fragment order (ForwardIn): gate 2 p + i / 2, row q = i % 2
+      if (cell) {
+#pragma unroll
+        for (int p = 0; p < kPairs; ++p)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int k = 2 * p + i / 2, q = i % 2;
+            float* const sp = sums + (k * kU + dl) * kNB + 2 * j2 + q;
+            acc[p][i] = k < kGr ? *sp : 0.0f;
+            if (k < kGr) *sp = 0.0f;
+          }
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int gb = b0 + 2 * j2 + q;
+          if (unit && gb < a.B) {
+            float next[kS];
+            C::forward(ForwardIn<T>{st, wxv, acc, bv, pv, q}, next);
+#pragma unroll
+            for (int s = 0; s < kS; ++s) st[s][q] = next[s];
+            ex.slot(t + 1)[(long long)d * kNB + 2 * j2 + q] = rnncc::bits16(rnncc::from_float<T>(st[kRec][q]));
+          }
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) rnncc::xchg_count(ex.counter);
+      if (cell) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          const int gb = b0 + 2 * j2 + q;
+          if (unit && gb < a.B) {
+            if (a.rh) {
+#pragma unroll
+              for (int k = 0; k < kGr; ++k)
+                a.rh[(((long long)t * a.NH + n) * a.B + gb) * kRows + k * kD + d] = acc[k / 2][k % 2 * 2 + q];
+            }
+            T* const yp = Y + ((long long)gb * a.T + t) * NHD + (long long)n * kD + d;
+#pragma unroll
+            for (int o = 0; o < kO; ++o) yp[o * yO] = rnncc::from_float<T>(st[C::output_state(o)][q]);
+            if (a.hist) {
+              float* const h = a.hist + (t + 1) * kS * NBD + ((long long)n * a.B + gb) * kD + d;
+#pragma unroll
+              for (int s = 0; s < kS; ++s) h[s * NBD] = st[s][q];
+            }
+          }
+        }
+        load_wx(t + 1);
+      }
+    }
+    if (cell) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        const int gb = b0 + 2 * j2 + q;
+        if (unit && gb < a.B) {
+#pragma unroll
+          for (int s = 0; s < kS; ++s)
+            static_cast<T*>(a.last)[(((long long)s * a.B + gb) * a.NH + n) * kD + d] = rnncc::from_float<T>(st[s][q]);
+        }
+      }
+    }
+  }
+  template <typename T>
+  static __device__ __forceinline__ void backward(const rnncc_fused_bwd_args& a, const int n0, const int c0) {
+    using Sh = Shape<false>;
+    extern __shared__ __align__(16) unsigned char smem[];
+    float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
+    float (*const bsm)[kU] = reinterpret_cast<float (*)[kU]>(smem + Sh::kSide);  // [kGb][kU], then [kP][kU]
+    float (*const psm)[kU] = bsm + (kGb > 0 ? kGb : 1);
+    const int u = blockIdx.x, n = n0 + blockIdx.y, c = c0 + blockIdx.z, b0 = c * kNB;
+    const int chunks = (a.B + kNB - 1) / kNB;
+    const long long NHD = (long long)a.NH * kD;
+    const int d_blk = kU * u;
+    const unsigned short* R = static_cast<const unsigned short*>(a.R);
+    gather<false>(smem, [&](const int s, const int j) -> unsigned short {
+      const int d = d_blk + s, k = j / kD, row = j % kD;
+      return d < kD ? R[(((long long)k * a.NH + n) * kD + row) * kD + d] : (unsigned short)0;
+    });
+    for (int i = threadIdx.x; i < Sh::kSlots * kNB; i += kThreads) sums[i] = 0.0f;
+    if (threadIdx.x < kU) {
+      const int du = d_blk + threadIdx.x;
+      const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
+#pragma unroll
+      for (int k = 0; k < kGb; ++k) bsm[k][threadIdx.x] = du < kD ? rnncc::to_float(bias[k * NHD + du]) : 0.0f;
+#pragma unroll
+      for (int p = 0; p < kP; ++p)
+        psm[p][threadIdx.x] = du < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + du]) : 0.0f;
+    }
+    // A cell thread: batch row gb = b0 + rr, units d0 + q (q < 2).
+    const int dp = threadIdx.x % (kU / 2), rr = threadIdx.x / (kU / 2);
+    const int d0 = d_blk + 2 * dp, gb = b0 + rr;
+    const bool cell = threadIdx.x < kU * kNB / 2;
+    const bool live = cell && d0 < kD && gb < a.B, hi = d0 + 1 < kD;
+    const Exchange ex(a.xchg, a.NH, chunks, n, c);
+    float ds[kS][2];
+    SumOverTime totals;
+#pragma unroll
+    for (int q = 0; q < 2; ++q)
+#pragma unroll
+      for (int s = 0; s < kS; ++s)
+        ds[s][q] = live && d0 + q < kD
+                       ? rnncc::to_float(static_cast<const T*>(a.dlast)[(((long long)s * a.B + gb) * a.NH + n) * kD + d0 + q])
+                       : 0.0f;
+    __syncthreads();
+    const unsigned blocks = gridDim.x;
+    typedef StepInputs<T> Inputs;
+    Inputs in;
+    auto load_inputs = [&](const int t) {
+      if (t >= 0 && cell) load_step_inputs(a, t, t, n, gb, d0, in);
+    };
+    load_inputs(a.T - 1);
+    for (int t = a.T - 1; t >= 0; --t) {
+      float nd[kS][2];
+      StepResults o;
+      if (live) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+#pragma unroll
+          for (int s = 0; s < kS; ++s) nd[s][q] = 0.0f;
+          if (q == 0 || hi)
+            C::backward(BackwardIn<T, kU>{in, &bsm[0][d0 + q - d_blk], &psm[0][d0 + q - d_blk], ds, q}, BackwardOut{nd, o, q});
+        }
+        unsigned short* const xs = ex.slot(t);
+#pragma unroll
+        for (int k = 0; k < kGr; ++k)
+#pragma unroll
+          for (int q = 0; q < 2; ++q)
+            if (q == 0 || hi) xs[((long long)k * kD + d0 + q) * kNB + rr] = rnncc::bits16(rnncc::from_float<T>(o.gr[k][q]));
+        totals.add(o.gb, o.p);
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) rnncc::xchg_count(ex.counter);
+      if (live) {  // dWx and dGr after the count: read only after the kernel
+        T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD;
+        T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
+#pragma unroll
+        for (int k = 0; k < kGx; ++k)
+          put2(dWx + k * NHD + d0, hi, rnncc::from_float<T>(o.wx[k][0]), rnncc::from_float<T>(o.wx[k][1]));
+#pragma unroll
+        for (int k = 0; k < kGr; ++k)
+          put2(dGr + k * kD + d0, hi, rnncc::from_float<T>(o.gr[k][0]), rnncc::from_float<T>(o.gr[k][1]));
+#pragma unroll
+        for (int q = 0; q < 2; ++q)
+#pragma unroll
+          for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
+      }
+      load_inputs(t - 1);
+      rnncc::xchg_wait(ex.counter, (unsigned)(a.T - t) * blocks);
+      for (int k = 0; k < kGr; ++k) {  // a gate's rows of dg at a time
+        stage(smem, ex.slot(t), k, Sh::kOperand);
+        __syncthreads();
+        product<T, false>(smem, k);
+        __syncthreads();
+      }
+      if (live) {
+#pragma unroll
+        for (int q = 0; q < 2; ++q) {
+          float* const sp = sums + (2 * dp + q) * kNB + rr;
+          ds[kRec][q] += *sp;
+          *sp = 0.0f;
+        }
+      }
+    }
+    if (live) {
+#pragma unroll
+      for (int q = 0; q < 2; ++q)
+        if (q == 0 || hi) {
+#pragma unroll
+          for (int s = 0; s < kS; ++s)
+            static_cast<T*>(a.dstates)[(((long long)s * a.B + gb) * a.NH + n) * kD + d0 + q] = rnncc::from_float<T>(ds[s][q]);
+        }
+      totals.store(a, n, gb, d0);
+    }
+  }
+};
+
+template <class C, typename T>
+__global__ void __launch_bounds__(C::kSparseThreads, 1) forward_kernel(const rnncc_fused_args a, const int n0, const int c0) {
+  Kernels<C>::template forward<T>(a, n0, c0);
+}
+
+template <class C, typename T>
+__global__ void __launch_bounds__(C::kSparseThreads, 1)
+    backward_kernel(const rnncc_fused_bwd_args a, const int n0, const int c0) {
+  Kernels<C>::template backward<T>(a, n0, c0);
+}
+
+constexpr int kSmemDevices = 64;  // devices whose shared memory limits are raised once and kept
+
+// A direction's launches: cooperative (all blocks of a launch resident at once), the (head,
+// batch chunk) pairs split over launches as the plan says (rnncc.variants.grid_sparse).
+template <class C, typename T, bool Fw, typename Args>
+int launch(const Args& a, const rnncc_launch& l, cudaStream_t stream) {
+  void (*fn)(Args, int, int);
+  if constexpr (Fw)
+    fn = forward_kernel<C, T>;
+  else
+    fn = backward_kernel<C, T>;
+  const size_t smem = Fw ? C::kFwSmem : C::kBwSmem;
+  static std::mutex lock;
+  static bool raised[kSmemDevices] = {};
+  const int chunks = (a.B + C::kNB - 1) / C::kNB;
+  if (l.kernel != 0 || l.threads != C::kSparseThreads || (size_t)l.smem != smem ||
+      l.grid_x != (C::kD + C::kU - 1) / C::kU || l.grid_y < 1 || l.grid_z < 1 || l.grid_z > chunks)
+    return (int)cudaErrorInvalidValue;
+  int dev = 0;
+  cudaError_t err = cudaGetDevice(&dev);
+  if (err != cudaSuccess) return (int)err;
+  {
+    const std::lock_guard<std::mutex> hold(lock);
+    if (dev >= kSmemDevices || !raised[dev]) {
+      err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
+      if (err != cudaSuccess) return (int)err;
+      if (dev < kSmemDevices) raised[dev] = true;
+    }
+  }
+  for (int n0 = 0; n0 < a.NH; n0 += l.grid_y) {
+    for (int c0 = 0; c0 < chunks; c0 += l.grid_z) {
+      const int nh = a.NH - n0 < l.grid_y ? a.NH - n0 : l.grid_y;
+      const int nc = chunks - c0 < l.grid_z ? chunks - c0 : l.grid_z;
+      cudaLaunchConfig_t cfg = {};
+      cfg.gridDim = dim3((unsigned)l.grid_x, (unsigned)nh, (unsigned)nc);
+      cfg.blockDim = dim3((unsigned)C::kSparseThreads);
+      cfg.dynamicSmemBytes = smem;
+      cfg.stream = stream;
+      cudaLaunchAttribute attr[1];
+      attr[0].id = cudaLaunchAttributeCooperative;
+      attr[0].val.cooperative = 1;
+      cfg.attrs = attr;
+      cfg.numAttrs = 1;
+      err = cudaLaunchKernelEx(&cfg, fn, a, n0, c0);
+      if (err != cudaSuccess) return (int)err;
+    }
+  }
+  return 0;
+}
+
+template <class C, bool Fw, typename Args>
+int entry(const Args* a, const rnncc_launch* l, cudaStream_t stream) {
+  if (a->D != C::kD) return (int)cudaErrorInvalidValue;
+  if ((long long)a->NH * a->B == 0) return 0;
+  if (a->xchg == nullptr || a->xchg_words != Kernels<C>::kK) return (int)cudaErrorInvalidValue;
+  switch (a->dtype) {
+    case RNNCC_F16: return launch<C, __half, Fw>(*a, *l, stream);
+    case RNNCC_BF16: return launch<C, __nv_bfloat16, Fw>(*a, *l, stream);
+    default: return (int)cudaErrorNotSupported;
+  }
+}
+
+template <class C>
+int forward(const rnncc_fused_args* a, const rnncc_launch* l, cudaStream_t stream) {
+  return entry<C, true>(a, l, stream);
+}
+
+template <class C>
+int backward(const rnncc_fused_bwd_args* a, const rnncc_launch* l, cudaStream_t stream) {
+  return entry<C, false>(a, l, stream);
+}
+
+}  // namespace grid_sparse
+}  // namespace rnncc

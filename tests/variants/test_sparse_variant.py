@@ -1,0 +1,131 @@
+"""grid_sparse on the CPU side: when the planner takes it, what its plan sizes, and the masks
+a cell call takes (rnncc.runtime.sparsity). The kernels run in tests/gpu/test_sparse_gpu.py;
+they compile in test_render.py's nvcc test (whose static_assert checks the plan's shared
+memory against the kernel's layout)."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+
+import rnncc
+from rnncc.runtime.sparsity import (
+    StripDensities,
+    magnitude_mask,
+    strip_density,
+    validate_mask,
+)
+from rnncc.tiling import Problem, caps_for_arch
+from rnncc.tiling.solve import diagnose, solve
+from rnncc.variants import BY_NAME
+from rnncc.variants import grid_sparse as gs
+
+H100 = caps_for_arch("h100")
+SPARSE = BY_NAME["grid_sparse"]
+LSTM = rnncc.load_builtin("lstm")
+
+
+def lstm(D: int, B: int = 4, density: float = 0.3, **kw) -> Problem:
+    return Problem.from_cell(LSTM.ir, heads=1, head_dim=D, batch=B, density=density, **kw)
+
+
+def ruled_out(p: Problem) -> list[str]:
+    return [c.name for c in SPARSE.constraints if not c.holds(p, H100, {})]
+
+
+def test_planned_for_masks_that_fit_and_only_those():
+    assert ruled_out(lstm(256, density=1.0)) == ["sparse_r"]
+    assert ruled_out(lstm(2304, timeline=True)) == ["full_length_only"]
+    assert solve(lstm(2304), H100).variant == "grid_sparse"
+    # At 30 % a block of 18 units holds 4 x 18 x 2304 x 0.3 entries in 227 KiB: up to 2368.
+    assert not ruled_out(lstm(2368)) and ruled_out(lstm(2432)) == ["entries_fit_shared_memory"]
+    assert not ruled_out(lstm(3904, density=0.1))
+    assert diagnose(SPARSE, lstm(4096, density=0.5), H100) == ["entries_fit_shared_memory"]
+
+
+def test_blocks_fill_the_sms_with_an_even_number_of_units():
+    for D, sms in itertools.product((24, 512, 2304, 4096), (114, 132)):
+        u = gs.block_units(D, sms)
+        assert u % 2 == 0 and -(-D // u) <= sms and (u == 2 or -(-D // (u - 2)) > sms)
+
+
+def test_the_plan_sizes_entries_shared_memory_and_the_exchange():
+    p = lstm(2304)
+    build = SPARSE.build(p, H100)
+    assert (build["units"], build["rows"]) == (18, 4)
+    assert SPARSE.build(dataclasses.replace(p, batch=5), H100)["rows"] == 8
+    for side in ("fw", "bw"):
+        assert build[f"{side}_entries"] % 4 == 0
+        assert build[f"{side}_entries"] >= gs.strip_entries(p, 18)
+        assert build[f"{side}_smem"] <= H100.smem_per_block_optin
+    launch = SPARSE.launch(p, H100, {})
+    assert launch.forward.grid == (128, 1, 1) and launch.forward.launches == 1
+    assert launch.exchange_words == 4 * 2304
+    assert launch.exchange_buffer_words == 2 * 4 * 2304 * 4 // 2 + 1
+    # Two chunks of 8 rows do not fit 132 SMs at once: one launch each.
+    two = SPARSE.launch(dataclasses.replace(p, batch=16), H100, {})
+    assert two.forward.grid == (128, 1, 1) and two.forward.launches == 2
+
+
+def test_strip_density_is_the_fullest_block_rows_or_columns():
+    g = torch.Generator().manual_seed(0)
+    mask = torch.rand(3, 2, 10, 10, generator=g) < 0.4
+    units = 4
+    want = 0.0
+    for n, u0 in itertools.product(range(2), range(0, 10, units)):
+        rows = mask[:, n, u0 : u0 + units, :].sum().item()
+        cols = mask[:, n, :, u0 : u0 + units].sum().item()
+        want = max(want, rows, cols)
+    assert strip_density(mask, units) == want / (3 * units * 10)
+
+
+def test_strip_densities_are_kept_until_the_mask_changes():
+    kept = StripDensities()
+    mask = torch.zeros(1, 1, 8, 8, dtype=torch.bool)
+    assert kept(mask, 2) == 0.0
+    mask[0, 0, 0] = True  # in place: its version moves
+    assert kept(mask, 2) == 8 / 16
+    assert kept(mask.clone(), 2) == 8 / 16
+
+
+def test_magnitude_mask_keeps_the_largest_of_each_gate_and_head():
+    R = torch.randn(4, 3, 8, 8, dtype=torch.float64)
+    mask = magnitude_mask(R, 0.25)
+    assert (mask.sum((2, 3)) == 16).all()
+    for k, n in itertools.product(range(4), range(3)):
+        kept, dropped = R[k, n].abs()[mask[k, n]], R[k, n].abs()[~mask[k, n]]
+        assert kept.min() >= dropped.max()
+    with pytest.raises(ValueError, match=r"density must be in \(0, 1\], got 0"):
+        magnitude_mask(R, 0)
+
+
+def test_a_mask_is_checked_against_r():
+    R = torch.zeros(4, 1, 8, 8)
+    bad = [
+        (None, R.bool().float(), "mask= needs R"),
+        (R, R.float(), "mask has dtype torch.float32, expected torch.bool"),
+        (R, R[:, :, :4].bool(), r"mask has shape \[4, 1, 4, 8\], expected \[4, 1, 8, 8\]"),
+        (R, R.bool().to_sparse(), "dense \\(strided\\) bool tensor"),
+        (R, [[True]], "mask must be a bool torch.Tensor of shape \\[4, 1, 8, 8\\]"),
+    ]
+    for r, mask, message in bad:
+        with pytest.raises(ValueError, match=message):
+            validate_mask(mask, r)
+
+
+def test_a_masked_call_runs_r_times_the_mask_and_its_gradient_there_only():
+    B, T, D = 2, 5, 8
+    x = {
+        "Wx": torch.randn(B, T, 4, 1, D, dtype=torch.float64),
+        "b": torch.randn(4, 1, D, dtype=torch.float64),
+    }
+    R = torch.randn(4, 1, D, D, dtype=torch.float64, requires_grad=True)
+    mask = magnitude_mask(R, 0.3)
+    y, last = LSTM(x["Wx"], R, x["b"], mask=mask)
+    y_dense, last_dense = LSTM(x["Wx"], (R * mask).detach(), x["b"])
+    assert torch.equal(y, y_dense) and torch.equal(last, last_dense)
+    (y.sum() + last.sum()).backward()
+    assert (R.grad[~mask] == 0).all() and (R.grad[mask] != 0).any()
