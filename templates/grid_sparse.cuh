@@ -11,7 +11,7 @@
 // warps (a warp's range may start and end inside a slot). A step:
 //
 // - wait for the head's blocks (a counter per (head, batch chunk), as on grid_mma), copy the
-//   operand (h, or one gate's rows of dg) from the exchange buffer into shared memory
+//   operand (h, or dg's rows of kBwGates gates) from the exchange buffer into shared memory
 //   ([column][kNB rows], 16-bit), and each warp runs its entries: a lane takes one entry, reads
 //   the operand's kNB values of its column in one load and adds value x those into kNB sums; at
 //   a slot's end the warp reduces them and adds them into the block's sums (shared memory);
@@ -21,7 +21,7 @@
 //
 // Full-length sequences only (no kTimeline): lengths and the reverse direction take the dense
 // variants. Templated on the generated cell struct C: its shape and the plan's kU, kNB,
-// kSparseThreads, kFwEntries / kBwEntries (each block's capacity), kFwSmem / kBwSmem.
+// kSparseThreads, kFwEntries / kBwEntries (each block's capacity), kFwSmem / kBwSmem, kBwGates.
 #pragma once
 #include <mutex>
 #include <type_traits>
@@ -60,15 +60,19 @@ struct Kernels : MmaCommon<C> {
   template <bool Fw>
   struct Shape {
     static constexpr int kSlots = Fw ? kGr * kU : kU;
-    static constexpr int kChunks = Fw ? 1 : kGr;
+    // The operand in chunks of kCols columns: the forward's h whole; the backward's dg whole or
+    // a gate's rows at a time, as the plan says (kBwGates: all gates where their rows fit).
+    static constexpr int kCols = Fw ? kD : C::kBwGates * kD;
+    static constexpr int kChunks = Fw ? 1 : kGr / C::kBwGates;
     static constexpr int kCap = Fw ? C::kFwEntries : C::kBwEntries;
     static constexpr int kOperand = 4 * kCap;
-    static constexpr int kSums = kOperand + 2 * kD * kNB;
+    static constexpr int kSums = kOperand + 2 * kCols * kNB;
     static constexpr int kStart = kSums + 4 * kSlots * kNB;
     static constexpr int kFirst = kStart + 4 * (kChunks * kSlots + 1);
     static constexpr int kSide = kFirst + 4 * kChunks * kWarps;
     static constexpr int kBytes = kSide + (Fw ? 0 : 4 * ((kGb > 0 ? kGb : 1) + (kP > 0 ? kP : 1)) * kU);
     static_assert(kCap % 4 == 0 && kCap > 0, "the operand follows the entries 16-byte aligned");
+    static_assert(Fw || (kGr % C::kBwGates == 0 && kCols <= 65536), "whole chunks; a column fits 16 bits");
     static_assert(kBytes <= (Fw ? C::kFwSmem : C::kBwSmem), "the plan's shared memory holds the kernel's");
   };
 
@@ -89,30 +93,59 @@ struct Kernels : MmaCommon<C> {
     __device__ __forceinline__ unsigned short* slot(const int s) const { return out + (s & 1) * slot_size; }
   };
 
-  // Stage columns [c kD, c kD + kD) of an exchange slot into the operand (8-byte copies; L2 only:
-  // other SMs wrote them).
-  static __device__ __forceinline__ void stage(unsigned char* smem, const unsigned short* slot, const int c, const int off) {
-    const uint2* src = reinterpret_cast<const uint2*>(slot + (long long)c * kD * kNB);
-    uint2* dst = reinterpret_cast<uint2*>(smem + off);
-    for (int i = threadIdx.x; i < kD * kNB / 4; i += kThreads) dst[i] = __ldcg(src + i);
+  // Stage chunk c of an exchange slot (columns [c kCols, c kCols + kCols)) into the operand
+  // (8-byte copies; L2 only: other SMs wrote them), every load in flight before the first store.
+  template <bool Fw>
+  static __device__ __forceinline__ void stage(unsigned char* smem, const unsigned short* slot, const int c) {
+    using Sh = Shape<Fw>;
+    constexpr int kVecs = Sh::kCols * kNB / 4, kIter = (kVecs + kThreads - 1) / kThreads;
+    const uint2* src = reinterpret_cast<const uint2*>(slot + (long long)c * Sh::kCols * kNB);
+    uint2* dst = reinterpret_cast<uint2*>(smem + Sh::kOperand);
+    uint2 v[kIter];
+#pragma unroll
+    for (int i = 0; i < kIter; ++i)
+      if (threadIdx.x + i * kThreads < kVecs) v[i] = __ldcg(src + threadIdx.x + i * kThreads);
+#pragma unroll
+    for (int i = 0; i < kIter; ++i)
+      if (threadIdx.x + i * kThreads < kVecs) dst[threadIdx.x + i * kThreads] = v[i];
   }
 
+  // Bank groups of the operand: a column's kNB 16-bit values are 2 kNB bytes, so columns j and
+  // j + kBanks share banks; a warp's load of 32 columns takes 32 / kBanks wavefronts at best.
+  static constexpr int kBanks = 128 / (2 * kNB), kPer = 32 / kBanks;
+
   // The non-zeros of the block's strips into its entries (see the file's comment). `at(s, j)`:
-  // the 16-bit pattern of strip s's column j (j < kChunks kD; chunk j / kD).
+  // the 16-bit pattern of strip s's column j (j < kChunks kCols; chunk j / kCols). Within a (chunk,
+  // slot), the entries go round-robin over the bank groups, kPer of a group at a time in column
+  // order (groups that run out drop out of the rounds): any 32 adjacent entries of a full round
+  // read every bank group kPer times, so a warp's gather of the operand takes the fewest
+  // wavefronts (the bank-aware layout of Sparse Persistent RNNs). Each strip is read three
+  // times: counts, then per (chunk, slot) its groups' counts and the entries.
   template <bool Fw, class At>
   static __device__ void gather(unsigned char* smem, const At& at) {
     using Sh = Shape<Fw>;
     uint32_t* const ent = reinterpret_cast<uint32_t*>(smem);
     int* const start = reinterpret_cast<int*>(smem + Sh::kStart);
     int* const first = reinterpret_cast<int*>(smem + Sh::kFirst);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = lane % kBanks;
+    constexpr int kLoads = 8;  // a lane's loads in flight
     auto nonzero = [](const unsigned short v) { return (v & 0x7fffu) != 0; };
+    // lane's columns j0 + 32 i + lane (i < kLoads) of strip s, chunk c: 0 past the strip
+    auto load = [&](const int s, const int c, const int j0, unsigned short (&v)[kLoads]) {
+#pragma unroll
+      for (int i = 0; i < kLoads; ++i) {
+        const int j = j0 + 32 * i + lane;
+        v[i] = j < Sh::kCols ? at(s, c * Sh::kCols + j) : (unsigned short)0;
+      }
+    };
     for (int s = warp; s < Sh::kSlots; s += kWarps) {
       for (int c = 0; c < Sh::kChunks; ++c) {
         int count = 0;
-        for (int j0 = 0; j0 < kD; j0 += 32) {
-          const int j = j0 + lane;
-          count += __popc(__ballot_sync(0xffffffffu, j < kD && nonzero(at(s, c * kD + j))));
+        for (int j0 = 0; j0 < Sh::kCols; j0 += 32 * kLoads) {
+          unsigned short v[kLoads];
+          load(s, c, j0, v);
+#pragma unroll
+          for (int i = 0; i < kLoads; ++i) count += __popc(__ballot_sync(0xffffffffu, nonzero(v[i])));
         }
         if (lane == 0) start[c * Sh::kSlots + s] = count;
       }
@@ -137,15 +170,43 @@ struct Kernels : MmaCommon<C> {
       while (s + 1 < Sh::kSlots && start[c * Sh::kSlots + s + 1] <= lo) ++s;
       first[i] = s;
     }
+    unsigned same = 0;  // the lanes of this lane's bank group
+    for (int l = group; l < 32; l += kBanks) same |= 1u << l;
+    const unsigned below = (1u << lane) - 1u;
     for (int s = warp; s < Sh::kSlots; s += kWarps) {
       for (int c = 0; c < Sh::kChunks; ++c) {
-        int pos = start[c * Sh::kSlots + s];
-        for (int j0 = 0; j0 < kD; j0 += 32) {
-          const int j = j0 + lane;
-          const unsigned short v = j < kD ? at(s, c * kD + j) : (unsigned short)0;
-          const unsigned m = __ballot_sync(0xffffffffu, j < kD && nonzero(v));
-          if (j < kD && nonzero(v)) ent[pos + __popc(m & ((1u << lane) - 1u))] = ((uint32_t)v << 16) | (uint32_t)j;
-          pos += __popc(m);
+        int mine = 0;  // non-zeros of this lane's columns, then of its bank group
+        for (int j0 = 0; j0 < Sh::kCols; j0 += 32 * kLoads) {
+          unsigned short v[kLoads];
+          load(s, c, j0, v);
+#pragma unroll
+          for (int i = 0; i < kLoads; ++i) mine += nonzero(v[i]) ? 1 : 0;
+        }
+#pragma unroll
+        for (int o = kBanks; o < 32; o <<= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
+        int n[kBanks];
+#pragma unroll
+        for (int k = 0; k < kBanks; ++k) n[k] = __shfl_sync(0xffffffffu, mine, k);
+        const int base = start[c * Sh::kSlots + s];
+        int seen = 0;  // the group's entries so far
+        for (int j0 = 0; j0 < Sh::kCols; j0 += 32 * kLoads) {
+          unsigned short v[kLoads];
+          load(s, c, j0, v);
+#pragma unroll
+          for (int i = 0; i < kLoads; ++i) {
+            const unsigned m = __ballot_sync(0xffffffffu, nonzero(v[i])) & same;
+            if (nonzero(v[i])) {
+              const int rank = seen + __popc(m & below), round = rank / kPer;
+              int pos = base + rank % kPer;
+#pragma unroll
+              for (int k = 0; k < kBanks; ++k) {
+                const int left = n[k] - kPer * round;  // group k's entries from this round on
+                pos += min(n[k], kPer * round) + (k < group ? max(0, min(left, kPer)) : 0);
+              }
+              ent[pos] = ((uint32_t)v[i] << 16) | (uint32_t)(j0 + 32 * i + lane);
+            }
+            seen += __popc(m);
+          }
         }
       }
     }
@@ -284,7 +345,7 @@ struct Kernels : MmaCommon<C> {
 
     for (int t = 0; t < a.T; ++t) {
       rnncc::xchg_wait(ex.counter, (unsigned)(t + 1) * blocks);
-      stage(smem, ex.slot(t), 0, Sh::kOperand);
+      stage<true>(smem, ex.slot(t), 0);
       __syncthreads();
       product<T, true>(smem, 0);
       __syncthreads();
@@ -434,8 +495,8 @@ struct Kernels : MmaCommon<C> {
       }
       load_inputs(t - 1);
       rnncc::xchg_wait(ex.counter, (unsigned)(a.T - t) * blocks);
-      for (int k = 0; k < kGr; ++k) {  // a gate's rows of dg at a time
-        stage(smem, ex.slot(t), k, Sh::kOperand);
+      for (int k = 0; k < Sh::kChunks; ++k) {  // dg whole, or a gate's rows at a time
+        stage<false>(smem, ex.slot(t), k);
         __syncthreads();
         product<T, false>(smem, k);
         __syncthreads();

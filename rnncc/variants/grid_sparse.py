@@ -60,24 +60,35 @@ def _sms(caps: HardwareCaps | None) -> int:
     return DEFAULT_SMS if caps is None else caps.sm_count
 
 
-def _fixed_bytes(p: Problem, units: int, backward: bool) -> int:
-    """Shared memory besides the entries (the kernel's ``Shape``): the operand's chunk (kD
-    columns x rows, 16-bit), the slots' float sums, the entries' start per (chunk, slot), each
-    warp's first slot per chunk, and the backward's biases and params of the block's units."""
+def backward_gates(p: Problem, units: int, smem: int = LIBRARY_SMEM) -> int:
+    """Gates of dg the backward stages at once: all of them where their rows fit beside the
+    fullest strip's entries (one stage and two barriers a step), else one at a time."""
     gr = max(p.gates_r, 1)
-    slots, chunks = (units, gr) if backward else (gr * units, 1)
+    return gr if strip_entries(p, units) <= capacity(p, units, True, smem, gr) else 1
+
+
+def _fixed_bytes(p: Problem, units: int, backward: bool, gates: int = 1) -> int:
+    """Shared memory besides the entries (the kernel's ``Shape``): the operand's chunk (h, or
+    ``gates`` gates' rows of dg: columns x rows, 16-bit), the slots' float sums, the entries'
+    start per (chunk, slot), each warp's first slot per chunk, and the backward's biases and
+    params of the block's units."""
+    gr = max(p.gates_r, 1)
+    slots, chunks = (units, gr // gates) if backward else (gr * units, 1)
+    cols = gates * p.head_dim if backward else p.head_dim
     nb = rows(p)
-    fixed = 2 * p.head_dim * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
+    fixed = 2 * cols * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
     fixed += 4 * chunks * (THREADS // 32)
     if backward:
         fixed += 4 * (max(p.gates_b, 1) + max(p.n_params, 1)) * units
     return fixed
 
 
-def capacity(p: Problem, units: int, backward: bool, smem: int = LIBRARY_SMEM) -> int:
-    """Entries a block holds in ``smem`` bytes (a multiple of 4, so the operand after them is
-    16-byte aligned)."""
-    return max(0, (smem - _fixed_bytes(p, units, backward)) // 16 * 4)
+def capacity(
+    p: Problem, units: int, backward: bool, smem: int = LIBRARY_SMEM, gates: int = 1
+) -> int:
+    """Entries a block holds in ``smem`` bytes beside the rest (``gates``: of dg staged at once;
+    a multiple of 4, so the operand after them is 16-byte aligned)."""
+    return max(0, (smem - _fixed_bytes(p, units, backward, gates)) // 16 * 4)
 
 
 def strip_entries(p: Problem, units: int) -> int:
@@ -159,7 +170,8 @@ class GridSparse(Variant):
         p = problem
         units = block_units(p.head_dim, _sms(caps))
         smem = LIBRARY_SMEM if caps is None else smem_limit(caps)
-        fw, bw = capacity(p, units, False, smem), capacity(p, units, True, smem)
+        gates = backward_gates(p, units, smem)
+        fw, bw = capacity(p, units, False, smem), capacity(p, units, True, smem, gates)
         return {
             "variant": self.name,
             "D": p.head_dim,
@@ -169,7 +181,8 @@ class GridSparse(Variant):
             "fw_entries": fw,
             "bw_entries": bw,
             "fw_smem": 4 * fw + _fixed_bytes(p, units, False),
-            "bw_smem": 4 * bw + _fixed_bytes(p, units, True),
+            "bw_smem": 4 * bw + _fixed_bytes(p, units, True, gates),
+            "bw_gates": gates,
             "exchange_words": max(p.gates_r, 1) * p.head_dim,
         }
 
@@ -209,8 +222,10 @@ class GridSparse(Variant):
         )
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps)[2]
-        # The backward stages dg a gate at a time: its gather is gates_r times the forward's.
-        backward = unit + (max(p.gates_r, 1) - 1) * (terms[1][1] + GRID_STEP_US / 2)
+        # The backward gathers dg (gates_r times h's bytes), in one stage or one per gate.
+        gr = max(p.gates_r, 1)
+        stages = gr // backward_gates(p, units, smem_limit(caps))
+        backward = unit + (gr - 1) * terms[1][1] + (stages - 1) * GRID_STEP_US / 2
         return Cost(terms, launches, unit * launches, backward * launches)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
@@ -225,5 +240,6 @@ class GridSparse(Variant):
             ("int", "kBwEntries", build["bw_entries"]),
             ("int", "kFwSmem", build["fw_smem"]),
             ("int", "kBwSmem", build["bw_smem"]),
+            ("int", "kBwGates", build["bw_gates"]),
         ]
         return render_fused(cell, bwd, self.name, build, traits, fast=True)

@@ -4,7 +4,8 @@ non-zeros on chip, against the float64 reference of the masked dense R, gradient
 
 Every example cell with an R at 1 x 2304, B = 4, a random 30 % mask (the planner picks the
 sparse kernel there: grid_mma's blocks do not hold a dense R that wide); the GRU at B = 16
-(blocks of 8 batch rows, two chunks in two launches) and the Elman cell at 2 x 1536 units, B = 3 (a launch per head).
+(blocks of 8 batch rows, two chunks in two launches), the Elman cell at 2 x 1536 units, B = 3
+(a launch per head), and the LSTM at 10 % (its backward stages all of dg at once).
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ CASES = [
     *[{"example": e, "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5} for e in WITH_R],
     {"example": "gru", "dtype": "fp16", "B": 16, "D": 2304, "NH": 1, "T": 4},
     {"example": "elman", "dtype": "fp16", "B": 3, "D": 1536, "NH": 2, "T": 6},
+    # 10 %: the backward stages all of dg at once (bw_gates = 4)
+    {"example": "lstm", "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5, "density": 0.1},
 ]
 DENSITY = 0.3
 
@@ -30,7 +33,7 @@ DENSITY = 0.3
 def random_mask(cell, case: dict) -> torch.Tensor:
     shape = cell.shapes(case["B"], case["T"], case["NH"], case["D"])["R"]
     g = torch.Generator(device="cuda").manual_seed(7)
-    return torch.rand(shape, generator=g, device="cuda") < DENSITY
+    return torch.rand(shape, generator=g, device="cuda") < case.get("density", DENSITY)
 
 
 @pytest.fixture(scope="module")
@@ -63,4 +66,7 @@ def test_sparse_blocks_match_float64_reference(cells, case):
     mask = random_mask(cell, case)
     plan = check_against_reference(cell, case, "fused", mask=mask)
     assert plan.variant == "grid_sparse"
-    assert plan.problem.density < 0.35
+    assert plan.problem.density < case.get("density", DENSITY) + 0.05
+    assert plan.build["bw_gates"] in (1, plan.problem.gates_r)
+    if case.get("density") == 0.1:
+        assert plan.build["bw_gates"] == 4
