@@ -5,8 +5,11 @@ A stack of ``num_layers`` layers, each running the cell in one or two directions
 as one tensor or as ``nn.LSTM``'s ``(h0, c0)``, dropout between layers, autocast. The weights
 of each (layer, direction) sit in one ``CellWeights`` module, in ``nn.LSTM``'s ``h_n`` order;
 a layer's directions run in one cell call, as the two halves of its heads (the reverse
-direction's reversed: ``reverse=[False] * NH + [True] * NH``). docs/api.md states the API;
-``rnncc/runtime/torch_compat.py`` converts from and to the torch modules.
+direction's reversed: ``reverse=[False] * NH + [True] * NH``). A pruned ``CellWeights``
+holds a bool buffer ``R_mask`` beside ``R``, and R is zero wherever it drops an entry; the cell
+call gets the masks (``mask=``), so R's gradient is zero there too and training keeps the
+zeros. docs/api.md states the API; ``rnncc/runtime/torch_compat.py`` converts from and to the
+torch modules.
 """
 
 from __future__ import annotations
@@ -16,13 +19,14 @@ import math
 import warnings
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TypedDict, overload
+from typing import Any, TypedDict, overload
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from rnncc.runtime.api import CompiledCell, check_out, decodes, load
+from rnncc.runtime.sparsity import magnitude_mask, masked, validate_mask
 from rnncc.runtime.validate import validate_lengths
 
 #: What ``states=`` takes: ``[S, L·dirs, B, H]``, a tuple of ``S`` tensors ``[L·dirs, B, H]``
@@ -37,6 +41,10 @@ class _Factory(TypedDict):
     dtype: torch.dtype | None
 
 
+#: A layer's cell-call mask as ``RNN._mask`` keeps it: its sources, their versions, the mask.
+_LayerMask = tuple[tuple[torch.Tensor | None, ...], tuple[int, ...], torch.Tensor]
+
+
 def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
 
@@ -49,7 +57,9 @@ class CellWeights(nn.Module):
       absent when the cell has no ``W x`` term;
     - ``R``: ``[Gr, NH, D, D]`` (out × in per head), absent without ``R h``;
     - ``b``: ``[Gb, NH, D]``, absent without ``b`` terms or with ``bias=False`` (then zeros);
-    - ``params``: ``[P, NH, D]``, absent when the cell declares none.
+    - ``params``: ``[P, NH, D]``, absent when the cell declares none;
+    - ``R_mask``: a bool buffer of R's shape (True: kept) once pruned, else None; R is zero
+      where it is False.
     """
 
     def __init__(
@@ -73,6 +83,8 @@ class CellWeights(nn.Module):
             self.register_buffer("_zero_b", torch.zeros(gb, NH, D, **kw), persistent=False)
         P = len(self.param_inits)
         self.params = nn.Parameter(torch.empty(P, NH, D, **kw)) if P else None
+        self.R_mask: torch.Tensor | None
+        self.register_buffer("R_mask", None)  # persistent: in state_dict once set
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -87,6 +99,40 @@ class CellWeights(nn.Module):
             if self.params is not None:
                 init = torch.tensor(self.param_inits, dtype=self.params.dtype)
                 self.params.copy_(init.view(-1, 1, 1).expand_as(self.params))
+        self._zero_dropped()
+
+    def set_mask_(self, mask: torch.Tensor) -> None:
+        """Keep ``mask`` (checked against R; a contiguous copy) as ``R_mask`` and zero R where
+        it drops entries."""
+        mask = validate_mask(mask, self.R)
+        self.R_mask = mask.clone(memory_format=torch.contiguous_format)
+        self._zero_dropped()
+
+    def masked_R(self) -> torch.Tensor | None:
+        """R as the cell calls run it: ``R * R_mask`` where there is a mask."""
+        R, mask = self._parameters.get("R"), self._buffers.get("R_mask")
+        return R if R is None or mask is None else masked(R, mask)
+
+    def _zero_dropped(self) -> None:
+        # R's zeros at dropped entries are what optimizers keep (zero value, zero gradient)
+        if self.R is not None and self.R_mask is not None:
+            with torch.no_grad():
+                self.R.masked_fill_(~self.R_mask, 0)
+
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        *args: Any,
+    ) -> None:
+        # A pruned checkpoint loads into a dense CellWeights too: the mask's buffer is made
+        # for it. A pruned CellWeights requires the key (strict), as any buffer.
+        if self.R is not None and self.R_mask is None and prefix + "R_mask" in state_dict:
+            self.R_mask = torch.ones_like(self.R, dtype=torch.bool)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, *args)
+        self._zero_dropped()
 
     def bias(self) -> torch.Tensor | None:
         """``b`` as the cell takes it: the zeros of ``bias=False`` where the cell has b terms."""
@@ -123,6 +169,7 @@ class RNN(nn.Module):
         backend: str = "auto",
         device: torch.device | str | None = None,
         dtype: torch.dtype | None = None,
+        sparsity: float | None = None,
     ):
         super().__init__()
         if not isinstance(cell, CompiledCell):
@@ -135,6 +182,10 @@ class RNN(nn.Module):
             raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
         if not 0 <= dropout <= 1:
             raise ValueError(f"dropout must be in [0, 1], got {dropout}")
+        if sparsity is not None and not _is_density(sparsity):
+            raise ValueError(
+                f"sparsity must be None (dense) or a density in (0, 1], got {sparsity!r}"
+            )
         if dropout > 0 and num_layers == 1:
             warnings.warn(
                 f"dropout={dropout} acts between layers, and num_layers=1 has none",
@@ -152,6 +203,7 @@ class RNN(nn.Module):
         self.dropout = float(dropout)
         self.bidirectional = bidirectional
         self.backend = backend
+        self.sparsity = None if sparsity is None else float(sparsity)
         kw: _Factory = {"device": device, "dtype": dtype}
         dirs = self.num_directions
         #: One per (layer, direction) in ``nn.LSTM``'s ``h_n`` order: ``weights[l * dirs + d]``.
@@ -162,6 +214,10 @@ class RNN(nn.Module):
             )
             for k in range(num_layers * dirs)
         )
+        # per layer: the masks of its directions (sources, their versions) and their concat
+        self._layer_masks: dict[int, _LayerMask] = {}
+        if self.sparsity is not None:
+            self.prune_(self.sparsity)
 
     @property
     def num_directions(self) -> int:
@@ -173,9 +229,80 @@ class RNN(nn.Module):
         return self.num_directions * len(self.cell.outputs) * self.hidden_size
 
     def reset_parameters(self) -> None:
+        """Draw every weight again; a pruned R keeps its mask (zero where it drops)."""
         for w in self.weights:
             assert isinstance(w, CellWeights)
             w.reset_parameters()
+
+    # ---- sparse R ------------------------------------------------------------------------
+    def prune_(self, density: float) -> RNN:
+        """Prune every R by magnitude: each ``CellWeights``' ``R_mask`` keeps the
+        ``ceil(density · D · D)`` largest ``|R|`` of each (gate, head) among the entries it
+        already keeps, and R is zeroed elsewhere. Again on a pruned layer it selects among the
+        kept entries, so a density above the current one changes nothing. Returns ``self``."""
+        if not _is_density(density):
+            raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+        for w in self._with_R("prune_"):
+            assert w.R is not None
+            mask = magnitude_mask(w.R, float(density))
+            if w.R_mask is not None:
+                mask &= w.R_mask
+            w.set_mask_(mask)
+        return self
+
+    def set_masks_(self, masks: Sequence[torch.Tensor]) -> RNN:
+        """Set each ``CellWeights``' ``R_mask`` to a copy of ``masks[k]`` (bool, R's shape and
+        device; True: kept), in ``weights`` order, and zero R where it drops. All are checked
+        before any is set. Returns ``self``."""
+        ws = self._with_R("set_masks_")
+        if isinstance(masks, torch.Tensor) or len(masks) != len(ws):
+            got = "a tensor" if isinstance(masks, torch.Tensor) else f"{len(masks)}"
+            raise ValueError(
+                f"set_masks_ takes a list of {len(ws)} masks, one per (layer, direction) in "
+                f"layer.weights order; got {got}"
+            )
+        for k, (w, mask) in enumerate(zip(ws, masks, strict=True)):
+            try:
+                validate_mask(mask, w.R)
+            except ValueError as err:
+                raise ValueError(f"masks[{k}]: {err}") from None
+        for w, mask in zip(ws, masks, strict=True):
+            w.set_mask_(mask)
+        return self
+
+    def _with_R(self, what: str) -> list[CellWeights]:
+        ws = [self._weights(k) for k in range(len(self.weights))]
+        if not ws or ws[0].R is None:
+            raise ValueError(
+                f"{what}: cell '{self.cell.name}' has no R (no 'R h' term) to make sparse"
+            )
+        return ws
+
+    def _mask(self, layer: int, ws: list[CellWeights]) -> torch.Tensor | None:
+        """The ``mask=`` of a layer's cell call: its directions' ``R_mask`` side by side on the
+        heads axis (all True for a direction without one); None for a dense layer. The
+        concatenation is kept while its sources are unchanged, so that the planner measures a
+        bidirectional layer's mask once, as a unidirectional one's."""
+        masks = tuple(w._buffers.get("R_mask") for w in ws)
+        if all(m is None for m in masks):
+            return None
+        if len(masks) == 1:
+            return masks[0]
+        versions = tuple(-1 if m is None else m._version for m in masks)
+        kept = self._layer_masks.get(layer)
+        if (
+            kept is not None
+            and kept[1] == versions
+            and all(a is b for a, b in zip(kept[0], masks, strict=True))
+        ):
+            return kept[2]
+        parts = [
+            m if m is not None else torch.ones_like(w.R, dtype=torch.bool)  # type: ignore[arg-type]
+            for w, m in zip(ws, masks, strict=True)
+        ]
+        mask = torch.cat(parts, dim=1)
+        self._layer_masks[layer] = (masks, versions, mask)
+        return mask
 
     @classmethod
     def from_torch(cls, module: nn.Module, *, backend: str = "auto") -> RNN:
@@ -329,7 +456,9 @@ class RNN(nn.Module):
             # The output: out_t itself for the top layer of a one-output cell; none below it
             # (the next layer reads the output state's new slice); else a buffer.
             y = (out_heads if top else None) if O == 1 else torch.empty(O, B, NH, D, **kw)
-            W, Wb, R, b, params = (_cast(t, ctype) for t in w.tensors())
+            W, Wb, _, b, params = w.tensors()
+            R = w.masked_R()  # the decoding kernel takes no mask
+            W, Wb, R, b, params = (_cast(t, ctype) for t in (W, Wb, R, b, params))
             decoder.decode(
                 None if W is None else h,
                 W,
@@ -387,6 +516,7 @@ class RNN(nn.Module):
             backend=self.backend,
             lengths=lengths,
             reverse=[False] * NH + [True] * NH if dirs == 2 else False,
+            mask=self._mask(ks[0] // dirs, ws),
         )
         O = y.shape[0]
         # y [O, B, T, dirs·NH, D] → [B, T, dirs, O, H]; last [S, B, dirs·NH, D] → [S, dirs, B, H]
@@ -505,7 +635,13 @@ class RNN(nn.Module):
         if self.bidirectional:
             parts.append("bidirectional=True")
         parts.append(f"backend={self.backend!r}")
+        if self.sparsity is not None:
+            parts.append(f"sparsity={self.sparsity}")
         return ", ".join(parts)
+
+
+def _is_density(x: object) -> bool:
+    return not isinstance(x, bool) and isinstance(x, int | float) and 0 < x <= 1
 
 
 @overload

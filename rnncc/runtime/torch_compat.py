@@ -4,7 +4,8 @@ Each torch module has a built-in cell that computes exactly what it does (``rnnc
 its gates in torch's order (LSTM i, f, g, o; GRU r, z, n), ``weight_ih`` and ``bias_ih`` as
 the input projection, ``weight_hh`` as ``R`` (one head) and ``bias_hh`` as ``b`` (for GRU the
 ``b_hn`` inside the reset product, as torch has it). So converting copies tensors and reshapes
-them, nothing else. ``proj_size`` has no counterpart and is refused.
+them, nothing else (``to_torch`` copies a pruned R masked: its ``weight_hh`` is dense, with
+zeros at the dropped entries). ``proj_size`` has no counterpart and is refused.
 """
 
 from __future__ import annotations
@@ -114,7 +115,10 @@ def _copy(layer: RNN, module: nn.RNNBase, *, to_torch: bool) -> None:
     with torch.no_grad():
         for w, sfx in zip(layer.weights, _suffixes(layer), strict=True):
             assert isinstance(w, CellWeights) and w.input_proj is not None and w.R is not None
-            pairs = [(w.input_proj.weight, f"weight_ih{sfx}"), (w.R, f"weight_hh{sfx}")]
+            # to torch, R as the layer runs it (a pruned R's dropped entries zero)
+            R = w.masked_R() if to_torch else w.R
+            assert R is not None
+            pairs = [(w.input_proj.weight, f"weight_ih{sfx}"), (R, f"weight_hh{sfx}")]
             if layer.bias:
                 assert w.input_proj.bias is not None and w.b is not None
                 pairs += [(w.input_proj.bias, f"bias_ih{sfx}"), (w.b, f"bias_hh{sfx}")]
