@@ -33,10 +33,10 @@
 // cotangents at its positions, held steps past its length; the L2 prefetch of W x and dy
 // then runs only forwards).
 #pragma once
-#include <mutex>
 #include <type_traits>
 #include <utility>
 
+#include "cooperative.cuh"
 #include "mma_common.cuh"
 #include "timeline.cuh"
 
@@ -799,15 +799,14 @@ __global__ void __launch_bounds__(C::kGridBwThreads[Kernels<C>::grid_kernel_inde
 
 // The grid-tier kernels of one direction and storage type: the plan's table (traits) in its
 // order, launched as the plan says (rnncc.variants.grid_mma picks the kernel and splits the
-// (head, chunk) pairs over launches of at most one block per SM). Each launch is cooperative:
-// all its blocks are resident at once, or the launch fails.
+// (head, chunk) pairs over launches of at most one block per SM). Each launch is cooperative
+// (rnncc::launch_cooperative): all its blocks are resident at once, or the launch fails.
 template <typename Args>
 struct GridKernel {
   void (*fn)(Args, int, int);
   int threads;
   size_t smem;
 };
-constexpr int kSmemDevices = 64;  // devices whose shared memory limits are raised once and kept
 
 template <class C, typename T, bool Fw, int I>
 constexpr auto grid_kernel() {
@@ -821,46 +820,13 @@ constexpr auto grid_kernel() {
 template <class C, typename T, bool Fw, typename Args, int... I>
 int launch(const Args& a, const rnncc_launch& l, cudaStream_t stream, std::integer_sequence<int, I...>) {
   static const GridKernel<Args> ks[C::kGridKernels] = {grid_kernel<C, T, Fw, I>()...};
-  static std::mutex lock;
-  static bool raised[kSmemDevices][C::kGridKernels] = {};
+  static rnncc::SmemLimit limits[C::kGridKernels];
   if (l.kernel < 0 || l.kernel >= C::kGridKernels) return (int)cudaErrorInvalidValue;
   const GridKernel<Args>& k = ks[l.kernel];
   const int chunks = (a.B + 8 * C::kGridNT[l.kernel] - 1) / (8 * C::kGridNT[l.kernel]);
   const int unit_tiles = Kernels<C>::kUnitTiles;
-  if (l.threads != k.threads || (size_t)l.smem != k.smem ||
-      l.grid_x != (unit_tiles + C::kGridUW[l.kernel] - 1) / C::kGridUW[l.kernel] || l.grid_y < 1 || l.grid_z < 1 ||
-      l.grid_z > chunks)
-    return (int)cudaErrorInvalidValue;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return (int)err;
-  {
-    const std::lock_guard<std::mutex> hold(lock);
-    if (dev >= kSmemDevices || !raised[dev][l.kernel]) {
-      err = cudaFuncSetAttribute(k.fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)k.smem);
-      if (err != cudaSuccess) return (int)err;
-      if (dev < kSmemDevices) raised[dev][l.kernel] = true;
-    }
-  }
-  for (int n0 = 0; n0 < a.NH; n0 += l.grid_y) {
-    for (int c0 = 0; c0 < chunks; c0 += l.grid_z) {
-      const int nh = a.NH - n0 < l.grid_y ? a.NH - n0 : l.grid_y;
-      const int nc = chunks - c0 < l.grid_z ? chunks - c0 : l.grid_z;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3((unsigned)l.grid_x, (unsigned)nh, (unsigned)nc);
-      cfg.blockDim = dim3((unsigned)k.threads);
-      cfg.dynamicSmemBytes = k.smem;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeCooperative;
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      err = cudaLaunchKernelEx(&cfg, k.fn, a, n0, c0);
-      if (err != cudaSuccess) return (int)err;
-    }
-  }
-  return 0;
+  if (l.grid_x != (unit_tiles + C::kGridUW[l.kernel] - 1) / C::kGridUW[l.kernel]) return (int)cudaErrorInvalidValue;
+  return rnncc::launch_cooperative(k.fn, a, l, k.threads, k.smem, chunks, limits[l.kernel], stream);
 }
 
 // The library's entry points (rnncc_abi.h: rnncc_fused_forward, rnncc_fused_backward): 16-bit

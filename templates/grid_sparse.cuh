@@ -23,9 +23,9 @@
 // variants. Templated on the generated cell struct C: its shape and the plan's kU, kNB,
 // kSparseThreads, kFwEntries / kBwEntries (each block's capacity), kFwSmem / kBwSmem, kBwGates.
 #pragma once
-#include <mutex>
 #include <type_traits>
 
+#include "cooperative.cuh"
 #include "mma_common.cuh"
 
 namespace rnncc {
@@ -51,7 +51,6 @@ struct Kernels : MmaCommon<C> {
   static_assert(kU % 2 == 0 && (kNB == 4 || kNB == 8), "pairs of units, 4 or 8 batch rows");
   static_assert(kD <= 65536, "a column index fits 16 bits");
   static_assert(kU * kNB / 2 <= kThreads, "a cell thread per (unit, row pair) and (row, unit pair)");
-  static constexpr int kL2Ahead = 8;
 
   // The shared memory of one direction, in bytes from the start: the entries, the operand's
   // chunk, the slots' sums, the entries' start per (chunk, slot), each warp's first slot per
@@ -79,14 +78,12 @@ struct Kernels : MmaCommon<C> {
   // The exchange of a (head, batch chunk): 16-bit values [2][NH][chunks][kK][kNB] (slot by step
   // parity), then the counters [NH][chunks]; each block adds 1 to its counter per step.
   struct Exchange {
-    const unsigned short* values;
     unsigned short* out;
     long long slot_size;
     unsigned* counter;
     __device__ Exchange(unsigned* xchg, const int NH, const int chunks, const int n, const int c) {
       const long long per = (long long)kK * kNB;
       out = reinterpret_cast<unsigned short*>(xchg) + ((long long)n * chunks + c) * per;
-      values = out;
       slot_size = (long long)NH * chunks * per;
       counter = xchg + slot_size + (long long)n * chunks + c;  // past both slots (32-bit words)
     }
@@ -534,10 +531,8 @@ __global__ void __launch_bounds__(C::kSparseThreads, 1)
   Kernels<C>::template backward<T>(a, n0, c0);
 }
 
-constexpr int kSmemDevices = 64;  // devices whose shared memory limits are raised once and kept
-
-// A direction's launches: cooperative (all blocks of a launch resident at once), the (head,
-// batch chunk) pairs split over launches as the plan says (rnncc.variants.grid_sparse).
+// A direction's launches: cooperative (rnncc::launch_cooperative), the (head, batch chunk)
+// pairs split over launches as the plan says (rnncc.variants.grid_sparse).
 template <class C, typename T, bool Fw, typename Args>
 int launch(const Args& a, const rnncc_launch& l, cudaStream_t stream) {
   void (*fn)(Args, int, int);
@@ -545,43 +540,10 @@ int launch(const Args& a, const rnncc_launch& l, cudaStream_t stream) {
     fn = forward_kernel<C, T>;
   else
     fn = backward_kernel<C, T>;
-  const size_t smem = Fw ? C::kFwSmem : C::kBwSmem;
-  static std::mutex lock;
-  static bool raised[kSmemDevices] = {};
+  static rnncc::SmemLimit limit;
+  if (l.kernel != 0 || l.grid_x != (C::kD + C::kU - 1) / C::kU) return (int)cudaErrorInvalidValue;
   const int chunks = (a.B + C::kNB - 1) / C::kNB;
-  if (l.kernel != 0 || l.threads != C::kSparseThreads || (size_t)l.smem != smem ||
-      l.grid_x != (C::kD + C::kU - 1) / C::kU || l.grid_y < 1 || l.grid_z < 1 || l.grid_z > chunks)
-    return (int)cudaErrorInvalidValue;
-  int dev = 0;
-  cudaError_t err = cudaGetDevice(&dev);
-  if (err != cudaSuccess) return (int)err;
-  {
-    const std::lock_guard<std::mutex> hold(lock);
-    if (dev >= kSmemDevices || !raised[dev]) {
-      err = cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem);
-      if (err != cudaSuccess) return (int)err;
-      if (dev < kSmemDevices) raised[dev] = true;
-    }
-  }
-  for (int n0 = 0; n0 < a.NH; n0 += l.grid_y) {
-    for (int c0 = 0; c0 < chunks; c0 += l.grid_z) {
-      const int nh = a.NH - n0 < l.grid_y ? a.NH - n0 : l.grid_y;
-      const int nc = chunks - c0 < l.grid_z ? chunks - c0 : l.grid_z;
-      cudaLaunchConfig_t cfg = {};
-      cfg.gridDim = dim3((unsigned)l.grid_x, (unsigned)nh, (unsigned)nc);
-      cfg.blockDim = dim3((unsigned)C::kSparseThreads);
-      cfg.dynamicSmemBytes = smem;
-      cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
-      attr[0].id = cudaLaunchAttributeCooperative;
-      attr[0].val.cooperative = 1;
-      cfg.attrs = attr;
-      cfg.numAttrs = 1;
-      err = cudaLaunchKernelEx(&cfg, fn, a, n0, c0);
-      if (err != cudaSuccess) return (int)err;
-    }
-  }
-  return 0;
+  return rnncc::launch_cooperative(fn, a, l, C::kSparseThreads, Fw ? C::kFwSmem : C::kBwSmem, chunks, limit, stream);
 }
 
 template <class C, bool Fw, typename Args>
