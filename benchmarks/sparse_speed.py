@@ -85,15 +85,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out")
     ap.add_argument("--points", type=int, default=len(POINTS), help="the first N points only")
+    ap.add_argument(
+        "--sparse-only", action="store_true", help="only rnncc's masked runs (no dense, no cuDNN)"
+    )
     args = ap.parse_args()
     cells = {n: rnncc.load(ROOT / "examples" / f"{n}.rnn") for n in ("lstm", "gru")}
     records: list[dict] = []
     for name, H, B, density in POINTS[: args.points]:
-        for rec in (
-            rnncc_record(cells[name], name, H, B, density),
-            rnncc_record(cells[name], name, H, B, 1.0),
-            cudnn_record(name, H, B),
-        ):
+        for density_or_cudnn in (density,) if args.sparse_only else (density, 1.0, None):
+            if density_or_cudnn is None:
+                rec = cudnn_record(name, H, B)
+            else:
+                rec = rnncc_record(cells[name], name, H, B, density_or_cudnn)
             records.append(rec)
             print(
                 f"{name} {H} B{B} density {rec['density']:.2f} {rec['system']:12s} "

@@ -7,14 +7,15 @@
 // kD columns, each chunk's operand staged in turn).
 //
 // The kernel's prologue finds the non-zeros itself (a warp per slot, ballots in column order,
-// so the order and the sums are deterministic) and splits each chunk's entries evenly over the
+// so their order is deterministic) and splits each chunk's entries evenly over the
 // warps (a warp's range may start and end inside a slot). A step:
 //
 // - wait for the head's blocks (a counter per (head, batch chunk), as on grid_mma), copy the
 //   operand (h, or dg's rows of kBwGates gates) from the exchange buffer into shared memory
 //   ([column][kNB rows], 16-bit), and each warp runs its entries: a lane takes one entry, reads
 //   the operand's kNB values of its column in one load and adds value x those into kNB sums; at
-//   a slot's end the warp reduces them and adds them into the block's sums (shared memory);
+//   a slot's end the warp reduces them and adds them into the block's sums (shared memory;
+//   atomically only for a slot that two warps share);
 // - forward: the cell threads (unit, pair of rows) run C::forward on the gate sums and publish
 //   the new h; backward: the cell threads (row, pair of units) run C::backward, publish the
 //   gate cotangents, and add the block's sums (Rᵀ dg of their units) into the states'.
@@ -91,31 +92,43 @@ struct Kernels : MmaCommon<C> {
   };
 
   // Stage chunk c of an exchange slot (columns [c kCols, c kCols + kCols)) into the operand
-  // (8-byte copies; L2 only: other SMs wrote them), every load in flight before the first store.
+  // (8-byte copies; L2 only: other SMs wrote them), kBatch loads in flight before their stores
+  // (a whole gate set of dg at 8 rows would take 72 registers at once).
   template <bool Fw>
   static __device__ __forceinline__ void stage(unsigned char* smem, const unsigned short* slot, const int c) {
     using Sh = Shape<Fw>;
-    constexpr int kVecs = Sh::kCols * kNB / 4, kIter = (kVecs + kThreads - 1) / kThreads;
-    const uint2* src = reinterpret_cast<const uint2*>(slot + (long long)c * Sh::kCols * kNB);
-    uint2* dst = reinterpret_cast<uint2*>(smem + Sh::kOperand);
-    uint2 v[kIter];
+    constexpr int kVecs = Sh::kCols * kNB / 4, kIter = (kVecs + kThreads - 1) / kThreads, kBatch = 12;
+    const uint2* src = reinterpret_cast<const uint2*>(slot + (long long)c * Sh::kCols * kNB) + threadIdx.x;
+    uint2* dst = reinterpret_cast<uint2*>(smem + Sh::kOperand) + threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < kIter; ++i)
-      if (threadIdx.x + i * kThreads < kVecs) v[i] = __ldcg(src + threadIdx.x + i * kThreads);
+    for (int i0 = 0; i0 < kIter; i0 += kBatch) {
+      uint2 v[kBatch];
 #pragma unroll
-    for (int i = 0; i < kIter; ++i)
-      if (threadIdx.x + i * kThreads < kVecs) dst[threadIdx.x + i * kThreads] = v[i];
+      for (int i = 0; i < kBatch; ++i)
+        if (i0 + i < kIter && threadIdx.x + (i0 + i) * kThreads < kVecs) v[i] = __ldcg(src + (i0 + i) * kThreads);
+#pragma unroll
+      for (int i = 0; i < kBatch; ++i)
+        if (i0 + i < kIter && threadIdx.x + (i0 + i) * kThreads < kVecs) dst[(i0 + i) * kThreads] = v[i];
+    }
   }
 
   // Bank groups of the operand: a column's kNB 16-bit values are 2 kNB bytes, so columns j and
-  // j + kBanks share banks; a warp's load of 32 columns takes 32 / kBanks wavefronts at best.
-  static constexpr int kBanks = 128 / (2 * kNB), kPer = 32 / kBanks;
+  // j + kBanks share banks. Shared memory serves 128 bytes a wavefront, so a warp's load of 32
+  // columns takes 32 / kBanks wavefronts at best, each of kBanks lanes in a row.
+  static constexpr int kBanks = 128 / (2 * kNB);
+
+  // Warp w's first entry of a chunk, from the chunk's start (`start`: its slots' starts, then
+  // its end; each warp takes an even share).
+  template <bool Fw>
+  static __device__ __forceinline__ int warp_split(const int* start, const int w) {
+    return (int)((long long)(start[Shape<Fw>::kSlots] - start[0]) * w / kWarps);
+  }
 
   // The non-zeros of the block's strips into its entries (see the file's comment). `at(s, j)`:
-  // the 16-bit pattern of strip s's column j (j < kChunks kCols; chunk j / kCols). Within a (chunk,
-  // slot), the entries go round-robin over the bank groups, kPer of a group at a time in column
-  // order (groups that run out drop out of the rounds): any 32 adjacent entries of a full round
-  // read every bank group kPer times, so a warp's gather of the operand takes the fewest
+  // the 16-bit pattern of strip s's column j (j < kChunks kCols; chunk j / kCols). Within a
+  // (chunk, slot), the entries go round-robin over the bank groups, one of each group a pass in
+  // column order (groups that run out drop out of the passes): any kBanks adjacent entries of a
+  // full pass read every bank group once, so a warp's load of the operand takes the fewest
   // wavefronts (the bank-aware layout of Sparse Persistent RNNs). Each strip is read three
   // times: counts, then per (chunk, slot) its groups' counts and the entries.
   template <bool Fw, class At>
@@ -161,8 +174,7 @@ struct Kernels : MmaCommon<C> {
     __syncthreads();
     for (int i = threadIdx.x; i < Sh::kChunks * kWarps; i += kThreads) {
       const int c = i / kWarps, w = i % kWarps;
-      const int base = start[c * Sh::kSlots], total = start[(c + 1) * Sh::kSlots] - base;
-      const int lo = base + (int)((long long)total * w / kWarps);
+      const int lo = start[c * Sh::kSlots] + warp_split<Fw>(start + c * Sh::kSlots, w);
       int s = 0;
       while (s + 1 < Sh::kSlots && start[c * Sh::kSlots + s + 1] <= lo) ++s;
       first[i] = s;
@@ -193,13 +205,10 @@ struct Kernels : MmaCommon<C> {
           for (int i = 0; i < kLoads; ++i) {
             const unsigned m = __ballot_sync(0xffffffffu, nonzero(v[i])) & same;
             if (nonzero(v[i])) {
-              const int rank = seen + __popc(m & below), round = rank / kPer;
-              int pos = base + rank % kPer;
+              const int round = seen + __popc(m & below);  // this entry's rank in its group
+              int pos = base;
 #pragma unroll
-              for (int k = 0; k < kBanks; ++k) {
-                const int left = n[k] - kPer * round;  // group k's entries from this round on
-                pos += min(n[k], kPer * round) + (k < group ? max(0, min(left, kPer)) : 0);
-              }
+              for (int k = 0; k < kBanks; ++k) pos += min(n[k], round) + (k < group && n[k] > round ? 1 : 0);
               ent[pos] = ((uint32_t)v[i] << 16) | (uint32_t)(j0 + 32 * i + lane);
             }
             seen += __popc(m);
@@ -226,57 +235,97 @@ struct Kernels : MmaCommon<C> {
       return __half22float2(*reinterpret_cast<const __half2*>(&w));
   }
 
-  // Warp `warp`'s entries of chunk c (staged in the operand) into the slots' sums.
+  // A column's kNB operand values: one load.
+  typedef typename std::conditional<kNB == 4, uint2, uint4>::type Vec;
+
+  // acc[b] += entry w's value x the operand's row b of its column (h).
+  template <typename T>
+  static __device__ __forceinline__ void fma_entry(const uint32_t w, const Vec& h, float (&acc)[kNB]) {
+    const float v = value<T>(w);
+    const uint32_t* hw = reinterpret_cast<const uint32_t*>(&h);
+#pragma unroll
+    for (int b = 0; b < kNB / 2; ++b) {
+      const float2 x = pair<T>(hw[b]);
+      acc[2 * b] = fmaf(v, x.x, acc[2 * b]);
+      acc[2 * b + 1] = fmaf(v, x.y, acc[2 * b + 1]);
+    }
+  }
+
+  // A warp's sums of slot s (kNB per lane) into the block's: a butterfly whose first log2 kNB
+  // steps each halve the rows a lane holds (so a lane ends with one row, summed over its
+  // partners), then sums over the rest of the lanes; one lane per row adds it in, with a plain
+  // read and write where the warp holds the whole slot (`whole`), else atomically (a slot split
+  // between warps: at most the first and the last of a warp's). Shared-memory float atomics
+  // retry on a conflict: four lanes a row adding partial sums made the H100's product slower.
+  static __device__ __forceinline__ void flush(float* sums, const int s, float (&acc)[kNB], const bool whole) {
+    const int lane = threadIdx.x & 31;
+    int row = 0;
+#pragma unroll
+    for (int n = kNB, m = 16; n > 1; n >>= 1, m >>= 1) {
+      const bool up = (lane & m) != 0;
+#pragma unroll
+      for (int i = 0; i < n / 2; ++i) {
+        const float send = up ? acc[i] : acc[i + n / 2], keep = up ? acc[i + n / 2] : acc[i];
+        acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
+      }
+      row = 2 * row + (up ? 1 : 0);
+    }
+#pragma unroll
+    for (int m = 16 / kNB; m > 0; m >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], m);
+    if ((lane & (32 / kNB - 1)) == 0) {
+      float* const sum = sums + s * kNB + row;
+      if (whole)
+        *sum += acc[0];
+      else
+        atomicAdd(sum, acc[0]);
+    }
+  }
+
+  // Warp `warp`'s entries of chunk c (the operand staged) into the slots' sums: a lane takes
+  // every 32nd entry of a slot's part of the warp's range, kUnroll loads in flight; only a
+  // part's last 32 kUnroll or fewer take a bound.
   template <typename T, bool Fw>
   static __device__ __forceinline__ void product(unsigned char* smem, const int c) {
     using Sh = Shape<Fw>;
-    typedef typename std::conditional<kNB == 4, uint2, uint4>::type Vec;
     const uint32_t* const ent = reinterpret_cast<const uint32_t*>(smem);
     const Vec* const op = reinterpret_cast<const Vec*>(smem + Sh::kOperand);
     float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
-    const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart);
+    const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart) + c * Sh::kSlots;  // slot s: [start[s], start[s + 1])
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int base = start[c * Sh::kSlots], total = start[(c + 1) * Sh::kSlots] - base;
-    int lo = base + (int)((long long)total * warp / kWarps);
-    const int hi = base + (int)((long long)total * (warp + 1) / kWarps);
+    int lo = start[0] + warp_split<Fw>(start, warp);
+    const int hi = start[0] + warp_split<Fw>(start, warp + 1);
     int s = reinterpret_cast<const int*>(smem + Sh::kFirst)[c * kWarps + warp];
-    constexpr int kUnroll = 4;
-    while (lo < hi) {
-      const int end = min(hi, start[c * Sh::kSlots + s + 1]);
+    constexpr int kUnroll = kNB == 4 ? 4 : 2;  // 16-byte operand loads at 8 rows: fewer in flight
+    for (; lo < hi; ++s) {
+      const int end = min(hi, start[s + 1]);
+      if (lo == end) continue;  // an empty slot
+      const bool whole = lo == start[s] && end == start[s + 1];
       float acc[kNB];
 #pragma unroll
       for (int b = 0; b < kNB; ++b) acc[b] = 0.0f;
-      for (int e = lo + lane; e < end; e += 32 * kUnroll) {
+      int e = lo + lane;
+      for (; lo + 32 * kUnroll <= end; lo += 32 * kUnroll, e += 32 * kUnroll) {
         uint32_t w[kUnroll];
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) w[j] = e + 32 * j < end ? ent[e + 32 * j] : 0u;  // value 0, column 0
         Vec h[kUnroll];
+#pragma unroll
+        for (int j = 0; j < kUnroll; ++j) w[j] = ent[e + 32 * j];
 #pragma unroll
         for (int j = 0; j < kUnroll; ++j) h[j] = op[w[j] & 0xffffu];
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) {
-          const float v = value<T>(w[j]);
-          const uint32_t* hw = reinterpret_cast<const uint32_t*>(&h[j]);
-#pragma unroll
-          for (int b = 0; b < kNB / 2; ++b) {
-            const float2 x = pair<T>(hw[b]);
-            acc[2 * b] = fmaf(v, x.x, acc[2 * b]);
-            acc[2 * b + 1] = fmaf(v, x.y, acc[2 * b + 1]);
-          }
-        }
+        for (int j = 0; j < kUnroll; ++j) fma_entry<T>(w[j], h[j], acc);
       }
+      if (lo < end) {  // the last 32 kUnroll or fewer: value 0, column 0 past the end
+        uint32_t w[kUnroll];
+        Vec h[kUnroll];
 #pragma unroll
-      for (int o = 16; o > 0; o >>= 1)
+        for (int j = 0; j < kUnroll; ++j) w[j] = e + 32 * j < end ? ent[e + 32 * j] : 0u;
 #pragma unroll
-        for (int b = 0; b < kNB; ++b) acc[b] += __shfl_xor_sync(0xffffffffu, acc[b], o);
-      if (lane < kNB) {
-        float mine = acc[0];
+        for (int j = 0; j < kUnroll; ++j) h[j] = op[w[j] & 0xffffu];
 #pragma unroll
-        for (int b = 1; b < kNB; ++b) mine = lane == b ? acc[b] : mine;
-        atomicAdd(sums + s * kNB + lane, mine);
+        for (int j = 0; j < kUnroll; ++j) fma_entry<T>(w[j], h[j], acc);
       }
+      flush(sums, s, acc, whole);
       lo = end;
-      ++s;
     }
   }
 

@@ -421,11 +421,16 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         for c, v, D in timed
         if not ruled_out(c.ir, D, v, caps)
     ]
-    if wide:  # grid_sparse (planned only for masks): every cell with an R, 8 batch rows, and 4
+    if wide:  # grid_sparse (planned only for masks): every cell with an R, 8 batch rows, and 4;
         sources += [render(c, SPARSE, 2304, caps=caps) for c in cells.values() if c.gr_names]
         lstm = cells["lstm"]
         p4 = dataclasses.replace(problem(lstm.ir, 2304, SPARSE), batch=4)
         sources += [SPARSE.render(lstm.ir, lstm.backward_ir, SPARSE.build(p4, caps))]
+        # the backward staging all of dg (8 rows: its widest stage) at 10 %
+        slstm = cells["slstm"]
+        p10 = dataclasses.replace(problem(slstm.ir, 2304, SPARSE), density=0.1)
+        assert SPARSE.build(p10, caps)["bw_gates"] == 4
+        sources += [SPARSE.render(slstm.ir, slstm.backward_ir, SPARSE.build(p10, caps))]
     return sources
 
 
@@ -440,8 +445,11 @@ def test_nvcc_compiles_every_example_without_spills(arch, device, wide, tmp_path
     nvcc = _nvcc()
     sources = _nvcc_sources(caps_for_arch(device), wide)
     assert len(sources) >= (60 if wide else 24), [s.filename for s in sources]
+    dirs = [tmp_path / str(i) for i in range(len(sources))]  # names repeat across plans
+    for d in dirs:
+        d.mkdir()
     with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        reports = list(pool.map(lambda s: _compile(nvcc, s, tmp_path, arch), sources))
+        reports = list(pool.map(lambda s, d: _compile(nvcc, s, d, arch), sources, dirs))
     for src, report in zip(sources, reports, strict=True):
         spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
         assert spills, f"no ptxas report for {src.filename}:\n{report}"
