@@ -11,8 +11,9 @@
 // warps (a warp's range may start and end inside a slot). A step:
 //
 // - wait for the head's blocks (a counter per (head, batch chunk), as on grid_mma), copy the
-//   operand (h, or dg's rows of kBwGates gates) from the exchange buffer into shared memory
-//   ([column][kNB rows], 16-bit), and each warp runs its entries: a lane takes one entry, reads
+//   operand (h, or dg's rows of kBwGates gates, or half of either: a chunk of columns at a
+//   time) from the exchange buffer into shared memory ([column][kNB rows], 16-bit), and for
+//   each chunk each warp runs its entries: a lane takes one entry, reads
 //   the operand's kNB values of its column in one load and adds value x those into kNB sums; at
 //   a slot's end the warp reduces them and adds them into the block's sums (shared memory;
 //   atomically only for a slot that two warps share);
@@ -22,7 +23,8 @@
 //
 // Full-length sequences only (no kTimeline): lengths and the reverse direction take the dense
 // variants. Templated on the generated cell struct C: its shape and the plan's kU, kNB,
-// kSparseThreads, kFwEntries / kBwEntries (each block's capacity), kFwSmem / kBwSmem, kBwGates.
+// kSparseThreads, kFwEntries / kBwEntries (each block's capacity), kFwSmem / kBwSmem, kBwGates,
+// kFwSplit / kBwSplit.
 #pragma once
 #include <type_traits>
 
@@ -61,9 +63,11 @@ struct Kernels : MmaCommon<C> {
   struct Shape {
     static constexpr int kSlots = Fw ? kGr * kU : kU;
     // The operand in chunks of kCols columns: the forward's h whole; the backward's dg whole or
-    // a gate's rows at a time, as the plan says (kBwGates: all gates where their rows fit).
-    static constexpr int kCols = Fw ? kD : C::kBwGates * kD;
-    static constexpr int kChunks = Fw ? 1 : kGr / C::kBwGates;
+    // a gate's rows at a time, as the plan says (kBwGates: all gates where their rows fit); each
+    // in kSplit halves where the entries fit only beside half of that (kFwSplit, kBwSplit).
+    static constexpr int kSplit = Fw ? C::kFwSplit : C::kBwSplit;
+    static constexpr int kCols = (Fw ? kD : C::kBwGates * kD) / kSplit;
+    static constexpr int kChunks = kSplit * (Fw ? 1 : kGr / C::kBwGates);
     static constexpr int kCap = Fw ? C::kFwEntries : C::kBwEntries;
     static constexpr int kOperand = 4 * kCap;
     static constexpr int kSums = kOperand + 2 * kCols * kNB;
@@ -73,6 +77,7 @@ struct Kernels : MmaCommon<C> {
     static constexpr int kBytes = kSide + (Fw ? 0 : 4 * ((kGb > 0 ? kGb : 1) + (kP > 0 ? kP : 1)) * kU);
     static_assert(kCap % 4 == 0 && kCap > 0, "the operand follows the entries 16-byte aligned");
     static_assert(Fw || (kGr % C::kBwGates == 0 && kCols <= 65536), "whole chunks; a column fits 16 bits");
+    static_assert((kSplit == 1 || kSplit == 2) && kD % kSplit == 0, "h or a gate's rows in halves");
     static_assert(kBytes <= (Fw ? C::kFwSmem : C::kBwSmem), "the plan's shared memory holds the kernel's");
   };
 
@@ -391,10 +396,12 @@ struct Kernels : MmaCommon<C> {
 
     for (int t = 0; t < a.T; ++t) {
       rnncc::xchg_wait(ex.counter, (unsigned)(t + 1) * blocks);
-      stage<true>(smem, ex.slot(t), 0);
-      __syncthreads();
-      product<T, true>(smem, 0);
-      __syncthreads();
+      for (int k = 0; k < Sh::kChunks; ++k) {  // h whole, or in halves
+        stage<true>(smem, ex.slot(t), k);
+        __syncthreads();
+        product<T, true>(smem, k);
+        __syncthreads();
+      }
       float acc[kPairs][4];  // C fragment order (ForwardIn): gate 2 p + i / 2, row q = i % 2
       if (cell) {
 #pragma unroll

@@ -67,14 +67,25 @@ def backward_gates(p: Problem, units: int, smem: int = LIBRARY_SMEM) -> int:
     return gr if strip_entries(p, units) <= capacity(p, units, True, smem, gr) else 1
 
 
-def _fixed_bytes(p: Problem, units: int, backward: bool, gates: int = 1) -> int:
+def operand_split(p: Problem, units: int, backward: bool, smem: int = LIBRARY_SMEM) -> int:
+    """1, or 2 where the fullest strip's entries fit only beside half of the operand (h, or a
+    gate's rows of dg), staged a half at a time (a stage and two barriers more a step, per
+    half)."""
+    gates = backward_gates(p, units, smem) if backward else 1
+    if strip_entries(p, units) <= capacity(p, units, backward, smem, gates):
+        return 1
+    return 2 if p.head_dim % 2 == 0 and gates == 1 else 1
+
+
+def _fixed_bytes(p: Problem, units: int, backward: bool, gates: int = 1, split: int = 1) -> int:
     """Shared memory besides the entries (the kernel's ``Shape``): the operand's chunk (h, or
-    ``gates`` gates' rows of dg: columns x rows, 16-bit), the slots' float sums, the entries'
-    start per (chunk, slot), each warp's first slot per chunk, and the backward's biases and
-    params of the block's units."""
+    ``gates`` gates' rows of dg, or 1 / ``split`` of either: columns x rows, 16-bit), the
+    slots' float sums, the entries' start per (chunk, slot), each warp's first slot per
+    chunk, and the backward's biases and params of the block's units."""
     gr = max(p.gates_r, 1)
     slots, chunks = (units, gr // gates) if backward else (gr * units, 1)
-    cols = gates * p.head_dim if backward else p.head_dim
+    chunks *= split
+    cols = (gates * p.head_dim if backward else p.head_dim) // split
     nb = rows(p)
     fixed = 2 * cols * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
     fixed += 4 * chunks * (THREADS // 32)
@@ -84,11 +95,17 @@ def _fixed_bytes(p: Problem, units: int, backward: bool, gates: int = 1) -> int:
 
 
 def capacity(
-    p: Problem, units: int, backward: bool, smem: int = LIBRARY_SMEM, gates: int = 1
+    p: Problem,
+    units: int,
+    backward: bool,
+    smem: int = LIBRARY_SMEM,
+    gates: int = 1,
+    split: int = 1,
 ) -> int:
     """Entries a block holds in ``smem`` bytes beside the rest (``gates``: of dg staged at once;
-    a multiple of 4, so the operand after them is 16-byte aligned)."""
-    return max(0, (smem - _fixed_bytes(p, units, backward, gates)) // 16 * 4)
+    ``split``: the operand in that many parts; a multiple of 4, so the operand after them is
+    16-byte aligned)."""
+    return max(0, (smem - _fixed_bytes(p, units, backward, gates, split)) // 16 * 4)
 
 
 def strip_entries(p: Problem, units: int) -> int:
@@ -117,10 +134,18 @@ def full_length_only(p: Problem, caps: HardwareCaps) -> bool:
 
 
 def entries_fit_shared_memory(p: Problem, caps: HardwareCaps) -> bool:
-    units = block_units(p.head_dim, caps.sm_count)
-    limit = smem_limit(caps)
+    return all(need <= room for need, room in _sides(p, caps))
+
+
+def _sides(p: Problem, caps: HardwareCaps) -> list[tuple[int, int]]:
+    """(entries, capacity) of the forward and the backward, each with the operand split as
+    the build would."""
+    units, limit = block_units(p.head_dim, caps.sm_count), smem_limit(caps)
     need = strip_entries(p, units)
-    return need <= capacity(p, units, False, limit) and need <= capacity(p, units, True, limit)
+    return [
+        (need, capacity(p, units, b, limit, split=operand_split(p, units, b, limit)))
+        for b in (False, True)
+    ]
 
 
 def cell_threads(p: Problem, caps: HardwareCaps) -> bool:
@@ -128,9 +153,7 @@ def cell_threads(p: Problem, caps: HardwareCaps) -> bool:
 
 
 def _entries_usage(p: Problem, caps: HardwareCaps, point: Point) -> tuple[float, float]:
-    units = block_units(p.head_dim, caps.sm_count)
-    limit = smem_limit(caps)
-    return strip_entries(p, units), min(capacity(p, units, b, limit) for b in (False, True))
+    return max(_sides(p, caps), key=lambda side: side[0] / max(side[1], 1))  # the fuller one
 
 
 class GridSparse(Variant):
@@ -171,7 +194,8 @@ class GridSparse(Variant):
         units = block_units(p.head_dim, _sms(caps))
         smem = LIBRARY_SMEM if caps is None else smem_limit(caps)
         gates = backward_gates(p, units, smem)
-        fw, bw = capacity(p, units, False, smem), capacity(p, units, True, smem, gates)
+        fs, bs = operand_split(p, units, False, smem), operand_split(p, units, True, smem)
+        fw, bw = capacity(p, units, False, smem, 1, fs), capacity(p, units, True, smem, gates, bs)
         return {
             "variant": self.name,
             "D": p.head_dim,
@@ -180,9 +204,11 @@ class GridSparse(Variant):
             "threads": THREADS,
             "fw_entries": fw,
             "bw_entries": bw,
-            "fw_smem": 4 * fw + _fixed_bytes(p, units, False),
-            "bw_smem": 4 * bw + _fixed_bytes(p, units, True, gates),
+            "fw_smem": 4 * fw + _fixed_bytes(p, units, False, 1, fs),
+            "bw_smem": 4 * bw + _fixed_bytes(p, units, True, gates, bs),
             "bw_gates": gates,
+            "fw_split": fs,
+            "bw_split": bs,
             "exchange_words": max(p.gates_r, 1) * p.head_dim,
         }
 
@@ -220,12 +246,15 @@ class GridSparse(Variant):
             ("product", product),
             ("cell", pointwise_us(p, caps, units * nb)),
         )
+        limit = smem_limit(caps)
+        if (halves := operand_split(p, units, False, limit)) > 1:  # a stage, two barriers more
+            terms += (("halves", (halves - 1) * GRID_STEP_US / 2),)
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps)[2]
-        # The backward gathers dg (gates_r times h's bytes), in one stage or one per gate.
+        # The backward gathers dg (gates_r times h's bytes), in one stage, one per gate or two.
         gr = max(p.gates_r, 1)
-        stages = gr // backward_gates(p, units, smem_limit(caps))
-        backward = unit + (gr - 1) * terms[1][1] + (stages - 1) * GRID_STEP_US / 2
+        stages = gr // backward_gates(p, units, limit) * operand_split(p, units, True, limit)
+        backward = unit + (gr - 1) * terms[1][1] + (stages - halves) * GRID_STEP_US / 2
         return Cost(terms, launches, unit * launches, backward * launches)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
@@ -241,5 +270,7 @@ class GridSparse(Variant):
             ("int", "kFwSmem", build["fw_smem"]),
             ("int", "kBwSmem", build["bw_smem"]),
             ("int", "kBwGates", build["bw_gates"]),
+            ("int", "kFwSplit", build["fw_split"]),
+            ("int", "kBwSplit", build["bw_split"]),
         ]
         return render_fused(cell, bwd, self.name, build, traits, fast=True)

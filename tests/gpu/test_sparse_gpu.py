@@ -5,7 +5,8 @@ non-zeros on chip, against the float64 reference of the masked dense R, gradient
 Every example cell with an R at 1 x 2304, B = 4, a random 30 % mask (the planner picks the
 sparse kernel there: grid_mma's blocks do not hold a dense R that wide); the GRU at B = 16
 (blocks of 8 batch rows, two chunks in two launches), the Elman cell at 2 x 1536 units, B = 3
-(a launch per head), and the LSTM at 10 % (its backward stages all of dg at once).
+(a launch per head), the LSTM at 10 % (its backward stages all of dg at once) and at 32.5 %
+(h and dg staged in halves).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ CASES = [
     {"example": "elman", "dtype": "fp16", "B": 3, "D": 1536, "NH": 2, "T": 6},
     # 10 %: the backward stages all of dg at once (bw_gates = 4)
     {"example": "lstm", "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5, "density": 0.1},
+    # 32.5 %: the entries fit only beside half of h (and of a gate's dg), staged in halves
+    {"example": "lstm", "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5, "density": 0.325},
 ]
 DENSITY = 0.3
 
@@ -70,3 +73,5 @@ def test_sparse_blocks_match_float64_reference(cells, case):
     assert plan.build["bw_gates"] in (1, plan.problem.gates_r)
     if case.get("density") == 0.1:
         assert plan.build["bw_gates"] == 4
+    halves = 2 if case.get("density") == 0.325 else 1
+    assert (plan.build["fw_split"], plan.build["bw_split"]) == (halves, halves)

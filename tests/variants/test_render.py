@@ -431,6 +431,10 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         p10 = dataclasses.replace(problem(slstm.ir, 2304, SPARSE), density=0.1)
         assert SPARSE.build(p10, caps)["bw_gates"] == 4
         sources += [SPARSE.render(slstm.ir, slstm.backward_ir, SPARSE.build(p10, caps))]
+        # h and dg staged in halves (33 %)
+        p33 = dataclasses.replace(p4, density=0.33)
+        assert SPARSE.build(p33, caps)["fw_split"] == 2
+        sources += [SPARSE.render(lstm.ir, lstm.backward_ir, SPARSE.build(p33, caps))]
     return sources
 
 

@@ -42,8 +42,20 @@ def test_planned_for_masks_that_fit_and_only_those():
     assert solve(lstm(2304), H100).variant == "grid_sparse"
     # At 30 % a block of 18 units holds 4 x 18 x 2304 x 0.3 entries in 227 KiB: up to 2368.
     assert not ruled_out(lstm(2368)) and ruled_out(lstm(2432)) == ["entries_fit_shared_memory"]
-    assert not ruled_out(lstm(3904, density=0.1))
+    assert not ruled_out(lstm(4128, density=0.1)) and ruled_out(lstm(4160, density=0.1))
     assert diagnose(SPARSE, lstm(4096, density=0.5), H100) == ["entries_fit_shared_memory"]
+
+
+def test_the_operand_is_staged_in_halves_only_where_the_entries_need_the_room():
+    for density, split in ((0.3, 1), (0.32, 1), (0.33, 2)):
+        build = SPARSE.build(lstm(2304, density=density), H100)
+        assert (build["fw_split"], build["bw_split"]) == (split, split)
+        assert build["fw_entries"] >= gs.strip_entries(lstm(2304, density=density), 18)
+    assert ruled_out(lstm(2304, density=0.34)) == ["entries_fit_shared_memory"]
+    # all of dg staged at once: no halves
+    assert SPARSE.build(lstm(2304, density=0.1), H100)["bw_split"] == 1
+    # an odd head dim has no halves
+    assert SPARSE.build(lstm(2305, density=0.33), H100)["fw_split"] == 1
 
 
 def test_blocks_fill_the_sms_with_an_even_number_of_units():
