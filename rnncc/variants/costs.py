@@ -30,6 +30,11 @@ SMEM_BYTES_PER_CLK = 128
 #: R streamed from memory: bytes an SM reads per µs (its share of an H100's 3.35 TB/s of HBM;
 #: the part of R that L2 keeps comes faster).
 STREAM_BYTES_PER_US = 25e3
+#: The streamed bytes of a step (all blocks) that L2 keeps from one step to the next, so that
+#: they come at L2's rate instead: an H100 kept a 26 MB stream (LSTM 2304: 8.3 µs a step
+#: against 19 predicted at HBM's rate) and none of a 53.5 MB one (LSTM 3072: 21.9 against 27.6;
+#: a cyclic read larger than the cache evicts every line before its reuse).
+STREAM_L2_RESIDENT_BYTES = 30e6
 #: A stepwise step: a batched matrix product and a pointwise kernel, launched from the host
 #: loop (launch-bound at the problem sizes rnncc targets).
 STEPWISE_STEP_US = 24.0

@@ -31,6 +31,7 @@ from rnncc.variants.costs import (
     GRID_STEP_US,
     SMEM_BYTES_PER_CLK,
     STREAM_BYTES_PER_US,
+    STREAM_L2_RESIDENT_BYTES,
     cycles_us,
     mma_us,
     pointwise_us,
@@ -583,8 +584,12 @@ class GridMma(Variant):
         )
         if split(p, uw):  # the part of R in shared memory, read every step
             terms += (("store", cycles_us(bps * forward_store(p, uw) / SMEM_BYTES_PER_CLK, caps)),)
-        if streamed_bytes(p, uw, False):  # and in global memory, at the SM's share of HBM
-            terms += (("stream", bps * streamed_bytes(p, uw, False) / STREAM_BYTES_PER_US),)
+        if streamed := streamed_bytes(p, uw, False):  # and in global memory: HBM, or L2
+            step = p.heads * blocks_per_head(p, uw) * streamed  # a step's, every block's
+            if step <= STREAM_L2_RESIDENT_BYTES:  # at the whole L2's rate
+                terms += (("stream", step / (caps.l2_gbs * 1e3)),)
+            else:  # at the SM's share of HBM
+                terms += (("stream", bps * streamed / STREAM_BYTES_PER_US),)
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps, point)[2]
         return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)

@@ -21,13 +21,6 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
-from rnncc.variants.costs import (
-    GRID_GATHER_BYTES_PER_US,
-    GRID_STEP_US,
-    SMEM_BYTES_PER_CLK,
-    cycles_us,
-    pointwise_us,
-)
 from rnncc.variants.grid_mma import LIBRARY_SMEM, smem_limit
 
 if TYPE_CHECKING:
@@ -40,9 +33,18 @@ if TYPE_CHECKING:
 THREADS = 512
 #: SMs of the device a library is built for when the plan names none (an H100 SXM's).
 DEFAULT_SMS = 132
-#: Shared-memory wavefronts per entry of a step beyond the bytes it reads: random columns
-#: make a warp's gathers of h collide in banks.
-BANK_CONFLICTS = 1.5
+#: The cost model's fits to the kernels' times on an H100 (T = 1024, B = 4, LSTM and GRU at
+#: 2304-4032 units, 10-32 %; benchmarks/results/sparse-h100-*.json), µs a step: the forward's
+#: part beyond its stages, slots and entries; a slot's end (a warp's reduction, paid again per
+#: extra chunk at 3/4); an entry of a block's fullest strip (about 15 instructions a 32,
+#: issue-bound); the backward's part beyond its stages and entries; an extra chunk of the
+#: backward (a stage, two barriers, the slots' ends), fixed and per unit of the head.
+FORWARD_STEP_US = 0.21
+SLOT_US = 0.048
+ENTRY_US = 0.0744e-3
+BACKWARD_STEP_US = 3.5
+BACKWARD_CHUNK_US = 0.6
+BACKWARD_CHUNK_US_PER_UNIT = 0.3e-3
 
 
 def block_units(head_dim: int, sm_count: int) -> int:
@@ -236,25 +238,27 @@ class GridSparse(Variant):
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
         p = problem
-        units, nb = block_units(p.head_dim, caps.sm_count), rows(p)
-        entries = strip_entries(p, units)
-        # Each entry: its 4 bytes and the operand's rows of its column, from shared memory.
-        product = cycles_us(entries * (4 + 2 * nb) * BANK_CONFLICTS / SMEM_BYTES_PER_CLK, caps)
-        terms: tuple[tuple[str, float], ...] = (
-            ("wait", GRID_STEP_US),
-            ("gather", p.head_dim * nb * p.dtype_bytes / GRID_GATHER_BYTES_PER_US),
-            ("product", product),
-            ("cell", pointwise_us(p, caps, units * nb)),
-        )
-        limit = smem_limit(caps)
-        if (halves := operand_split(p, units, False, limit)) > 1:  # a stage, two barriers more
-            terms += (("halves", (halves - 1) * GRID_STEP_US / 2),)
-        unit = sum(us for _, us in terms)
-        launches = self._split(p, caps)[2]
-        # The backward gathers dg (gates_r times h's bytes), in one stage, one per gate or two.
+        units, nb, limit = block_units(p.head_dim, caps.sm_count), rows(p), smem_limit(caps)
         gr = max(p.gates_r, 1)
-        stages = gr // backward_gates(p, units, limit) * operand_split(p, units, True, limit)
-        backward = unit + (gr - 1) * terms[1][1] + (stages - halves) * GRID_STEP_US / 2
+        entries_us = strip_entries(p, units) * ENTRY_US
+        l2 = caps.l2_gbs_per_sm * 1e3  # bytes per µs into one SM after the wait
+        halves = operand_split(p, units, False, limit)
+        terms: tuple[tuple[str, float], ...] = (
+            ("step", FORWARD_STEP_US),
+            ("gather", p.head_dim * nb * p.dtype_bytes / l2),
+            ("slots", SLOT_US * gr * units * (1 + 0.75 * (halves - 1))),
+            ("entries", entries_us),
+        )
+        unit = sum(us for _, us in terms)
+        chunks = gr // backward_gates(p, units, limit) * operand_split(p, units, True, limit)
+        per_chunk = BACKWARD_CHUNK_US + BACKWARD_CHUNK_US_PER_UNIT * p.head_dim
+        backward = (
+            BACKWARD_STEP_US
+            + gr * p.head_dim * nb * p.dtype_bytes / l2
+            + entries_us
+            + (chunks - 1) * per_chunk
+        )
+        launches = self._split(p, caps)[2]
         return Cost(terms, launches, unit * launches, backward * launches)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
