@@ -7,7 +7,8 @@ forward's strip is R's rows of the block's units (all gates), the backward's R's
 them (all gate rows). The kernel finds them itself before the first step (zeros of R are
 skipped, so a mask's dropped entries cost nothing), so the plan needs only the kept fraction
 of the fullest strip (``Problem.density``, from the mask) to know they fit. A step stages h
-(or dg, a gate's rows at a time) in shared memory and runs the entries on the CUDA cores
+(or dg, whole or a gate's rows at a time; either in halves where the entries fit only beside
+half) in shared memory and runs the entries on the CUDA cores
 (fp32 sums), a warp per even share of them; h and dg go through an exchange buffer behind a
 counter per (head, batch chunk), as on ``grid_mma``. Every block of a launch is resident at
 once (a cooperative launch); (head, chunk) pairs beyond the SMs run in further launches.
@@ -35,12 +36,13 @@ THREADS = 512
 DEFAULT_SMS = 132
 #: The cost model's fits to the kernels' times on an H100 (T = 1024, B = 4, LSTM and GRU at
 #: 2304-4032 units, 10-32 %; benchmarks/results/sparse-h100-*.json), µs a step: the forward's
-#: part beyond its stages, slots and entries; a slot's end (a warp's reduction, paid again per
-#: extra chunk at 3/4); an entry of a block's fullest strip (about 15 instructions a 32,
+#: part beyond its stages, slots and entries; a slot's end (a warp's reduction), paid again
+#: per extra chunk at SLOT_REPEAT; an entry of a block's fullest strip (about 15 instructions a 32,
 #: issue-bound); the backward's part beyond its stages and entries; an extra chunk of the
 #: backward (a stage, two barriers, the slots' ends), fixed and per unit of the head.
 FORWARD_STEP_US = 0.21
 SLOT_US = 0.048
+SLOT_REPEAT = 0.75
 ENTRY_US = 0.0744e-3
 BACKWARD_STEP_US = 3.5
 BACKWARD_CHUNK_US = 0.6
@@ -246,7 +248,7 @@ class GridSparse(Variant):
         terms: tuple[tuple[str, float], ...] = (
             ("step", FORWARD_STEP_US),
             ("gather", p.head_dim * nb * p.dtype_bytes / l2),
-            ("slots", SLOT_US * gr * units * (1 + 0.75 * (halves - 1))),
+            ("slots", SLOT_US * gr * units * (1 + SLOT_REPEAT * (halves - 1))),
             ("entries", entries_us),
         )
         unit = sum(us for _, us in terms)
