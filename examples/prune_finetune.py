@@ -34,6 +34,7 @@ import torch
 from torch import nn
 
 import rnncc
+from rnncc.bench.timing import cuda_timer, host_timer
 
 EXAMPLES = Path(__file__).resolve().parent
 #: Tokens: an opening and a closing bracket, then filler letters that leave the depth alone.
@@ -164,21 +165,8 @@ def median_ms(fn: Callable[[], object], device: torch.device, repeats: int) -> f
     or load the kernels): CUDA events on a GPU, the host clock on the CPU."""
     for _ in range(2):
         fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            started = time.perf_counter()
-            fn()
-            times.append(1e3 * (time.perf_counter() - started))
-    return statistics.median(times)
+    timer = cuda_timer if device.type == "cuda" else host_timer
+    return statistics.median(timer(fn) for _ in range(repeats))
 
 
 def time_layer(rnn: rnncc.RNN, batch: int, seq_len: int, device: torch.device) -> dict:
