@@ -17,17 +17,18 @@ from __future__ import annotations
 import contextlib
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, TypedDict, overload
+from typing import Any, TypedDict, cast, overload
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from rnncc.runtime.api import CompiledCell, check_out, decodes, load
+from rnncc.runtime.api import CompiledCell, _may_keep, check_out, decodes, load
 from rnncc.runtime.sparsity import magnitude_mask, masked, validate_mask
-from rnncc.runtime.validate import validate_lengths
+from rnncc.runtime.validate import Sizes, validate_lengths
 
 #: What ``states=`` takes: ``[S, L·dirs, B, H]``, a tuple of ``S`` tensors ``[L·dirs, B, H]``
 #: (``nn.LSTM``'s ``(h0, c0)``), or ``[L·dirs, B, H]`` for a cell of one state (``h0``).
@@ -43,10 +44,49 @@ class _Factory(TypedDict):
 
 #: A layer's cell-call mask as ``RNN._mask`` keeps it: its sources, their versions, the mask.
 _LayerMask = tuple[tuple[torch.Tensor | None, ...], tuple[int, ...], torch.Tensor]
+_Ref = weakref.ref[torch.Tensor]
+_Kept = tuple[_Ref, _Ref, tuple[Any, ...], torch.Tensor]
 
 
 def _shape(t: torch.Tensor) -> str:
     return "[" + ", ".join(str(s) for s in t.shape) + "]"
+
+
+class _MaskedR:
+    """``R * mask`` in a decoding step's dtype, kept while R and the mask are the same tensors
+    at the same addresses with the same version counters (an optimizer's step or a
+    ``masked_fill_`` moves them; a write through ``.data`` does not, as autograd does not see
+    it either), for one CUDA stream (a copy another stream may still be writing is not read).
+    Not kept while a CUDA graph captures (the graph then runs the product itself, on the R it
+    reads at replay). Pickled and copied empty: it is made again on first use."""
+
+    __slots__ = ("_kept",)
+
+    def __init__(self) -> None:
+        # R and the mask (weakly: a mask that set_mask_ replaced is freed), the key, R * mask
+        self._kept: _Kept | None = None
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_MaskedR, ())
+
+    def clear(self) -> None:
+        self._kept = None
+
+    def __call__(self, R: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        on_cuda = R.is_cuda
+        if not _may_keep(on_cuda) or R.is_inference() or mask.is_inference():
+            return _cast(masked(R, mask), dtype)  # (inference tensors have no version counter)
+        stream = torch.cuda.current_stream(R.device).stream_id if on_cuda else None
+        key = (R._version, mask._version, R.data_ptr(), mask.data_ptr(), dtype, stream)
+        kept = self._kept
+        if kept is not None and kept[0]() is R and kept[1]() is mask and kept[2] == key:
+            return kept[3]
+        # Made outside inference mode and autograd (in that order: leaving inference mode
+        # enables gradients), a constant that any later step may read.
+        with torch.inference_mode(False), torch.no_grad():
+            made = _cast(masked(R, mask), dtype)
+        self._kept = (weakref.ref(R), weakref.ref(mask), key, made)
+        return made
 
 
 class CellWeights(nn.Module):
@@ -85,6 +125,7 @@ class CellWeights(nn.Module):
         self.params = nn.Parameter(torch.empty(P, NH, D, **kw)) if P else None
         self.R_mask: torch.Tensor | None
         self.register_buffer("R_mask", None)  # persistent: in state_dict once set
+        self._masked_R = _MaskedR()  # R as decoding steps run it, where there is a mask
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -112,6 +153,20 @@ class CellWeights(nn.Module):
         """R as the cell calls run it: ``R * R_mask`` where there is a mask."""
         R, mask = self._parameters.get("R"), self._buffers.get("R_mask")
         return R if R is None or mask is None else masked(R, mask)
+
+    def decoding(self, dtype: torch.dtype) -> tuple[torch.Tensor | None, ...]:
+        """``tensors()`` as the decoding kernel takes them, in ``dtype``: R masked where there
+        is a mask (the kernel takes none), that product kept while R and the mask are
+        unchanged, so that a step does not make it again."""
+        W, Wb, R, b, params = self.tensors()
+        mask = self._buffers.get("R_mask")
+        R = _cast(R, dtype) if R is None or mask is None else self._masked_R(R, mask, dtype)
+        return _cast(W, dtype), _cast(Wb, dtype), R, _cast(b, dtype), _cast(params, dtype)
+
+    def _apply(self, fn: Callable[..., Any], recurse: bool = True) -> CellWeights:
+        self._masked_R.clear()  # a product of the tensors before the move or conversion
+        moved: CellWeights = super()._apply(fn, recurse)
+        return moved
 
     def _zero_dropped(self) -> None:
         # R's zeros at dropped entries are what optimizers keep (zero value, zero gradient)
@@ -415,7 +470,8 @@ class RNN(nn.Module):
         """What a step's gradient would flow to: the input, the states, the weights."""
         yield x_t
         yield from states if isinstance(states, tuple | list) else (states,)
-        yield from self.parameters()
+        for w in self._cell_weights():
+            yield from w.tensors()
 
     def _decode(
         self,
@@ -430,46 +486,36 @@ class RNN(nn.Module):
         cell = self.cell
         S, O, L = len(cell.state_names), len(cell.outputs), self.num_layers
         B, NH, D, H = x_t.shape[0], self.num_heads, self.head_dim, self.hidden_size
+        device = x_t.device
+        h = _cast(x_t, ctype)
         init = self._initial_states(states, x_t, ctype)
-        if init is None:  # the declared values, [S, 1, B, H] read for every layer
-            first_states = cell.initial_states(B, NH, D, dtype=ctype, device=x_t.device)
-            init = first_states.view(S, 1, B, H).expand(S, L, B, H)
-        init = _cast(init, ctype)
-        kw: _Factory = {"device": x_t.device, "dtype": ctype}
+        if init is None:  # the declared values, kept by the cell (only read), for every layer
+            declared = cell._declared(Sizes(B, 1, NH, D), h, states=True)
+            inits: Sequence[torch.Tensor] = (declared,) * L
+        else:
+            inits = _by_layer(_cast(init, ctype), NH, D)
+        kw: _Factory = {"device": device, "dtype": ctype}
         if out is None:
             out_t, new = torch.empty(B, O * H, **kw), torch.empty(S, L, B, H, **kw)
         else:
             out_t, new = check_out(
                 out, ((B, O * H), (S, L, B, H)), kw, "[B, O·hidden_size], [S, L, B, H]"
             )
-        decoder = cell._decoder(x_t.device)
+        news = _by_layer(new, NH, D)
+        decoder = cell._decoder(device)
         first = cell.state_names.index(cell.outputs[0])  # the output state
-        # [S, L, B, NH, D]: a layer's states are one index away (views, as every slice below)
-        init, new_heads = init.reshape(S, L, B, NH, D), new.view(S, L, B, NH, D)
         out_heads = out_t.view(1, B, NH, D) if O == 1 else None  # (else out_t gets a copy)
-        h = _cast(x_t, ctype)
-        for layer, w in enumerate(self.weights):
-            assert isinstance(w, CellWeights)
-            if layer and self.dropout and self.training:
-                h = nn.functional.dropout(h, self.dropout, True)
+        dropout = self.dropout if self.training else 0.0
+        for layer, w in enumerate(self._cell_weights()):
+            if layer and dropout:
+                h = nn.functional.dropout(h, dropout, True)
             top = layer == L - 1
             # The output: out_t itself for the top layer of a one-output cell; none below it
             # (the next layer reads the output state's new slice); else a buffer.
             y = (out_heads if top else None) if O == 1 else torch.empty(O, B, NH, D, **kw)
-            W, Wb, _, b, params = w.tensors()
-            R = w.masked_R()  # the decoding kernel takes no mask
-            W, Wb, R, b, params = (_cast(t, ctype) for t in (W, Wb, R, b, params))
+            W, Wb, R, b, params = w.decoding(ctype)
             decoder.decode(
-                None if W is None else h,
-                W,
-                Wb,
-                None,
-                R,
-                b,
-                init[:, layer],
-                params,
-                y,
-                new_heads[:, layer],
+                None if W is None else h, W, Wb, None, R, b, inits[layer], params, y, news[layer]
             )
             if y is None:
                 h = new[first, layer]
@@ -528,6 +574,12 @@ class RNN(nn.Module):
         assert isinstance(w, CellWeights)
         return w
 
+    def _cell_weights(self) -> Iterable[CellWeights]:
+        """``weights`` in order, read from the module's dicts: ``self.weights`` costs a
+        decoding step a microsecond each time."""
+        weights = cast(nn.ModuleList, self._modules["weights"])
+        return cast(Iterable[CellWeights], weights._modules.values())
+
     def _project(self, ws: list[CellWeights], x: torch.Tensor, ctype: torch.dtype) -> torch.Tensor:
         """W x of the directions ``ws`` from ``x`` ``[B, T, I]``: ``[B, T, Gx, dirs·NH, D]``
         (contiguous) in ``ctype``, in one GEMM: the directions' weight rows interleaved so that
@@ -555,7 +607,7 @@ class RNN(nn.Module):
     def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
         # The first layer's first weight (every layer holds the same dtype); not
         # self.parameters(), whose walk over the modules costs a step microseconds.
-        first = next(iter(self.weights), None)
+        first = next(iter(self._cell_weights()), None)
         p = None if first is None else next(iter(first._parameters.values()), None)
         if p is None:
             p = next(self.parameters(), None)
@@ -565,8 +617,7 @@ class RNN(nn.Module):
         """The dtype the cell runs in: autocast's for float32 weights where autocast is on for
         ``x``'s device (fp32 master weights, as ``nn.LSTM``), else the weights' own."""
         dtype = self._weights_dtype(x)
-        device = x.device.type
-        if dtype == torch.float32 and torch.is_autocast_enabled(device):
+        if dtype == torch.float32 and torch.is_autocast_enabled(device := x.device.type):
             return torch.get_autocast_dtype(device)
         if x.dtype != dtype:
             raise ValueError(f"x has dtype {x.dtype}, expected {dtype} like the layer's weights")
@@ -581,14 +632,18 @@ class RNN(nn.Module):
             return None
         names = self.cell.state_names
         S, K, B, H = len(names), self.num_layers * self.num_directions, x.shape[0], self.hidden_size
-        legend = (
-            f"[S={S} ({', '.join(names)}), num_layers*num_directions={K}, B={B}, hidden_size={H}]"
-        )
-        one = f"[num_layers*num_directions={K}, B={B}, hidden_size={H}]"
+
+        # the expected shapes, spelled only to raise: a decoding step checks its states each call
+        def legend() -> str:
+            return f"[S={S} ({', '.join(names)}), {one()[1:]}"
+
+        def one() -> str:
+            return f"[num_layers*num_directions={K}, B={B}, hidden_size={H}]"
+
         if isinstance(states, tuple | list):
             if len(states) != S or not all(isinstance(s, torch.Tensor) for s in states):
                 raise ValueError(
-                    f"states as a tuple holds one tensor {one} per state of cell "
+                    f"states as a tuple holds one tensor {one()} per state of cell "
                     f"'{self.cell.name}' ({', '.join(names)}); got "
                     + (
                         f"{len(states)} items"
@@ -599,17 +654,17 @@ class RNN(nn.Module):
             for name, s in zip(names, states, strict=True):
                 if tuple(s.shape) != (K, B, H):
                     raise ValueError(
-                        f"states[{names.index(name)}] ({name}) has shape {_shape(s)}, expected {one}"
+                        f"states[{names.index(name)}] ({name}) has shape {_shape(s)}, expected {one()}"
                     )
             states = torch.stack(list(states))
         elif not isinstance(states, torch.Tensor):
             raise ValueError(
-                f"states must be a tensor {legend} or a tuple, got {type(states).__name__}"
+                f"states must be a tensor {legend()} or a tuple, got {type(states).__name__}"
             )
         elif S == 1 and states.dim() == 3:
             states = states.unsqueeze(0)  # h0 of nn.GRU and nn.RNN
         if tuple(states.shape) != (S, K, B, H):
-            raise ValueError(f"states has shape {_shape(states)}, expected {legend}")
+            raise ValueError(f"states has shape {_shape(states)}, expected {legend()}")
         if states.device != x.device:
             raise ValueError(f"states is on {states.device}, expected {x.device} like x")
         if states.dtype != ctype and states.dtype != self._weights_dtype(x):
@@ -638,6 +693,13 @@ class RNN(nn.Module):
         if self.sparsity is not None:
             parts.append(f"sparsity={self.sparsity}")
         return ", ".join(parts)
+
+
+def _by_layer(t: torch.Tensor, NH: int, D: int) -> Sequence[torch.Tensor]:
+    """``[S, L, B, H]`` as ``L`` views ``[S, B, NH, D]``, one per layer, made by one op or two
+    (a decoding step's ops cost microseconds each)."""
+    S, L, B, _ = t.shape
+    return (t.view(S, B, NH, D),) if L == 1 else t.view(S, L, B, NH, D).unbind(1)
 
 
 def _is_density(x: object) -> bool:
