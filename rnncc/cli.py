@@ -239,6 +239,16 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _density(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a kept fraction in (0, 1], got {text!r}")
+    return value
+
+
 def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
     """The plan for the sizes of ``rnncc plan`` / ``rnncc compile --hidden``: what the runtime
     launches for them on ``--arch`` (default: this GPU)."""
@@ -257,6 +267,7 @@ def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
         batch=args.batch,
         dtype=args.dtype,
         timeline=args.timeline,
+        density=args.density,
     )
     return solve(problem, caps)
 
@@ -326,6 +337,14 @@ def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
         action="store_true",
         help="the kernels of calls with per-row lengths or reversed (packed and bidirectional "
         "layers)",
+    )
+    p.add_argument(
+        "--density",
+        type=_density,
+        default=1.0,
+        metavar="D",
+        help="the kernels of calls with a mask= (a sparse R) keeping this fraction of R in its "
+        "fullest strip of units (default 1: dense)",
     )
 
 

@@ -325,6 +325,20 @@ def test_plan_explains_the_variant_and_its_launch(capsys) -> None:
     )
 
 
+def test_plan_of_a_sparse_r(capsys) -> None:
+    lstm = REPO / "examples" / "lstm.rnn"
+    args = ["plan", lstm, "--hidden", "2304", "--batch", "4", "--arch", "h100"]
+    rc, out, err = run(capsys, *args, "--density", "0.3")
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[0].startswith("plan for Gr=4, NH=1, D=2304, B=4, bf16, R 30.0% dense")
+    assert out.splitlines()[1].startswith("  variant     grid_sparse:")
+    rc, out, err = run(capsys, *args, "--density", "0.5")  # past what the blocks hold
+    assert rc == 0 and "grid_sparse: ruled out by entries_fit_shared_memory" in out
+    for bad in ("0", "1.5", "half"):
+        rc, out, err = run(capsys, *args, "--density", bad)
+        assert rc == 2 and f"--density: must be a kept fraction in (0, 1], got '{bad}'" in err
+
+
 def test_plan_usage_errors(capsys) -> None:
     lstm = REPO / "examples" / "lstm.rnn"
     rc, out, err = run(capsys, "plan", lstm, "--hidden", "100", "--heads", "3", "--arch", "h100")
