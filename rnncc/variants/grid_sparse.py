@@ -75,10 +75,11 @@ def operand_split(p: Problem, units: int, backward: bool, smem: int = LIBRARY_SM
     """1, or 2 where the fullest strip's entries fit only beside half of the operand (h, or a
     gate's rows of dg), staged a half at a time (a stage and two barriers more a step, per
     half)."""
+    # (a backward that gets here stages dg a gate at a time: all of it at once did not fit)
     gates = backward_gates(p, units, smem) if backward else 1
     if strip_entries(p, units) <= capacity(p, units, backward, smem, gates):
         return 1
-    return 2 if p.head_dim % 2 == 0 and gates == 1 else 1
+    return 2 if p.head_dim % 2 == 0 else 1
 
 
 def _fixed_bytes(p: Problem, units: int, backward: bool, gates: int = 1, split: int = 1) -> int:
