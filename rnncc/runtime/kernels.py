@@ -203,6 +203,52 @@ class KernelOps:
             raise RuntimeError(f"rnncc: the {self.build['variant']} library has no decoding step")
         _decode_op()(x, W, Wb, Wx, R, b, states, params, self._decode_fn, self._dims, y, new_states)
 
+    def decode_stack(
+        self,
+        x: Tensor | None,
+        weights: tuple[list[Tensor | None], ...],
+        states: Tensor,
+        heads: int,
+        first: int,
+        dropout: float,
+        y: Tensor,
+        new_states: Tensor,
+    ) -> None:
+        """One decoding step of a unidirectional stack, a launch per layer, in one call from
+        Python: layer ``l`` reads ``states[:, l]`` and writes ``new_states[:, l]`` (``[S, L, B,
+        H]``, each ``(B, H)`` slice contiguous; ``states`` may repeat one layer's, stride 0),
+        from ``x`` ``[B, I]`` (the first layer) or the output of the layer below (its new state
+        ``first`` for a one-output cell, else its outputs as ``[B, O·H]``), dropout ``dropout``
+        between layers; the top layer's outputs into ``y`` ``[B, O·H]``. ``weights``: the
+        layers' ``(W, Wb, R, b, params)`` as five lists, as ``decode`` takes each. Inputs
+        checked by the caller, no autograd (rnncc_abi.h: rnncc_decode)."""
+        if self._decode_fn is None:
+            raise RuntimeError(f"rnncc: the {self.build['variant']} library has no decoding step")
+        W, Wb, R, b, params = weights
+        _decode_stack_op()(
+            x,
+            W,
+            Wb,
+            R,
+            b,
+            params,
+            states,
+            self._decode_fn,
+            self._dims,
+            heads,
+            first,
+            dropout,
+            y,
+            new_states,
+        )
+
+
+@functools.cache
+def _decode_stack_op() -> Callable[..., None]:
+    """The host library's decode_stack op, resolved once."""
+    op: Callable[..., None] = torch.ops.rnncc_host.decode_stack.default
+    return op
+
 
 @functools.cache
 def _decode_op() -> Callable[..., None]:

@@ -480,20 +480,30 @@ class RNN(nn.Module):
         out: tuple[torch.Tensor, torch.Tensor] | None,
         ctype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``step`` on the decoding kernel: one launch per layer, each reading its slice of
-        the stack's states and writing its slice of the new ones; a layer's input is the
-        output of the one below (its output state's slice when the cell has one output)."""
+        """``step`` on the decoding kernel: one launch per layer, all from one call into the
+        host library (``KernelOps.decode_stack``), each layer reading its slice of the stack's
+        states and writing its slice of the new ones. Every Python operation here costs each
+        decoding step (a few microseconds are a third of a step): the sizes are worked out
+        once, and states and ``out`` that are already what the kernels take are checked in
+        one comparison each."""
         cell = self.cell
-        S, O, L = len(cell.state_names), len(cell.outputs), self.num_layers
-        B, NH, D, H = x_t.shape[0], self.num_heads, self.head_dim, self.hidden_size
-        device = x_t.device
-        h = _cast(x_t, ctype)
-        init = self._initial_states(states, x_t, ctype)
+        S, O, L, NH, D, H, first = self._decode_sizes()
+        B, device = x_t.shape[0], x_t.device
+        h = x_t if x_t.dtype == ctype else x_t.to(ctype)
+        if (
+            type(states) is torch.Tensor
+            and states.shape == (S, L, B, H)
+            and states.dtype == ctype
+            and states.device == device
+        ):
+            init: torch.Tensor | None = states
+        else:
+            init = self._initial_states(states, x_t, ctype)
+            if init is not None and init.dtype != ctype:
+                init = init.to(ctype)
         if init is None:  # the declared values, kept by the cell (only read), for every layer
             declared = cell._declared(Sizes(B, 1, NH, D), h, states=True)
-            inits: Sequence[torch.Tensor] = (declared,) * L
-        else:
-            inits = _by_layer(_cast(init, ctype), NH, D)
+            init = declared.view(S, 1, B, H).expand(S, L, B, H)
         kw: _Factory = {"device": device, "dtype": ctype}
         if out is None:
             out_t, new = torch.empty(B, O * H, **kw), torch.empty(S, L, B, H, **kw)
@@ -501,30 +511,40 @@ class RNN(nn.Module):
             out_t, new = check_out(
                 out, ((B, O * H), (S, L, B, H)), kw, "[B, O·hidden_size], [S, L, B, H]"
             )
-        news = _by_layer(new, NH, D)
-        decoder = cell._decoder(device)
-        first = cell.state_names.index(cell.outputs[0])  # the output state
-        out_heads = out_t.view(1, B, NH, D) if O == 1 else None  # (else out_t gets a copy)
-        dropout = self.dropout if self.training else 0.0
-        for layer, w in enumerate(self._cell_weights()):
-            if layer and dropout:
-                h = nn.functional.dropout(h, dropout, True)
-            top = layer == L - 1
-            # The output: out_t itself for the top layer of a one-output cell; none below it
-            # (the next layer reads the output state's new slice); else a buffer.
-            y = (out_heads if top else None) if O == 1 else torch.empty(O, B, NH, D, **kw)
-            W, Wb, R, b, params = w.decoding(ctype)
-            decoder.decode(
-                None if W is None else h, W, Wb, None, R, b, inits[layer], params, y, news[layer]
-            )
-            if y is None:
-                h = new[first, layer]
-            elif O > 1:
-                h = y.permute(1, 0, 2, 3).reshape(B, O * H)
-                if top:
-                    out_t.copy_(h)
+        weights: tuple[list[torch.Tensor | None], ...] = ([], [], [], [], [])
+        for w in self._cell_weights():
+            for part, t in zip(weights, w.decoding(ctype), strict=True):
+                part.append(t)
+        cell._decoder(device).decode_stack(
+            h,
+            weights,
+            init,
+            NH,
+            first,
+            self.dropout if self.training else 0.0,
+            out_t,
+            new,
+        )
         cell.last_backend, cell.last_plan = "decode", None
         return out_t, new
+
+    def _decode_sizes(self) -> tuple[int, int, int, int, int, int, int]:
+        """(S, O, num_layers, num_heads, head_dim, hidden_size, the output state's index) of a
+        decoding step, worked out on the first."""
+        found: tuple[int, int, int, int, int, int, int] | None = self.__dict__.get("_sizes")
+        if found is None:
+            cell = self.cell
+            names = cell.state_names
+            found = self.__dict__["_sizes"] = (
+                len(names),
+                len(cell.outputs),
+                self.num_layers,
+                self.num_heads,
+                self.head_dim,
+                self.hidden_size,
+                names.index(cell.outputs[0]),
+            )
+        return found
 
     def _layer(
         self,
@@ -693,13 +713,6 @@ class RNN(nn.Module):
         if self.sparsity is not None:
             parts.append(f"sparsity={self.sparsity}")
         return ", ".join(parts)
-
-
-def _by_layer(t: torch.Tensor, NH: int, D: int) -> Sequence[torch.Tensor]:
-    """``[S, L, B, H]`` as ``L`` views ``[S, B, NH, D]``, one per layer, made by one op or two
-    (a decoding step's ops cost microseconds each)."""
-    S, L, B, _ = t.shape
-    return (t.view(S, B, NH, D),) if L == 1 else t.view(S, L, B, NH, D).unbind(1)
 
 
 def _is_density(x: object) -> bool:

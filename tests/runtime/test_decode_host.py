@@ -160,6 +160,37 @@ class ReferenceDecoder:
         if y is not None:
             y.copy_(y_t)
 
+    def decode_stack(self, x, weights, states, heads, first, dropout, y, new_states) -> None:
+        """The host library's decode_stack (templates/stepwise_host.cpp), layer by layer."""
+        S, L, B_, H_ = new_states.shape
+        assert states.shape == new_states.shape and states.stride()[2:] == (H_, 1)
+        assert new_states.stride()[2:] == (H_, 1) and y.is_contiguous()
+        assert all(len(part) == L for part in weights) and dropout == 0.0
+        O, D = y.shape[1] // H_, H_ // heads
+        h, outs = x, None
+        for layer in range(L):
+            if layer:
+                h = (
+                    new_states[first, layer - 1]
+                    if O == 1
+                    else outs.permute(1, 0, 2, 3).reshape(B_, -1)
+                )
+            W, Wb, R, b, params = (part[layer] for part in weights)
+            outs = torch.empty(O, B_, heads, D, dtype=y.dtype)
+            self.decode(
+                None if W is None else h,
+                W,
+                Wb,
+                None,
+                R,
+                b,
+                states[:, layer].view(S, B_, heads, D),
+                params,
+                outs,
+                new_states[:, layer].view(S, B_, heads, D),
+            )
+        y.copy_(outs.permute(1, 0, 2, 3).reshape(B_, -1))
+
 
 @pytest.fixture
 def decoding(monkeypatch: pytest.MonkeyPatch):
