@@ -75,7 +75,15 @@ struct Kernels : MmaCommon<C> {
       if (C::kGridNT[i] == nt && C::kGridUW[i] == uw) return i;
     return -1;
   }
-  static constexpr int kBwGroup = 8;  // dgᵀ·R's k tiles whose fragments of dg are loaded at once
+  // dgᵀ·R's k tiles whose fragments of dg are loaded at once. Joined as the forward's (below),
+  // the backward measured no better: the 1 x 768 LSTM's fwbw 5.14-5.27 us/step instead of
+  // 5.00-5.05, the 6 x 128 LSTM's within the run's noise (H100, bf16, B = 16).
+  static constexpr int kBwGroup = 8;
+  // The forward joins a warp's loads of h (rnncc::join) from this many k tiles (4 loads a lane).
+  // Measured (H100, bf16, B = 16, A/B in one run, T = 1024 forward): the 1 x 2048 GRU took
+  // 4.31-4.47 ms instead of 5.43-5.70 (8 loads a lane); the 1 x 768 LSTM (2 loads) 2.23-2.29
+  // instead of 2.01-2.07, so there the loads are left to ptxas (1.98 with this threshold).
+  static constexpr int kJoinKT = 8;
   static constexpr int kUnitTiles = (kD + 7) / 8;  // tiles of 8 units per head
   static_assert(kXWords % 32 == 0 && kXWords >= kGTiles * 16, "the exchange holds a row's dg in whole k-tile pairs");
   static_assert(kBC == 8, "a block's batch rows are n tiles of 8");
@@ -295,6 +303,13 @@ struct Kernels : MmaCommon<C> {
               for (int j = 0; j < kJ; ++j)
                 rnncc::load_fragments<kKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
                                                         b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
+              if constexpr (kKT >= kJoinKT) {  // every n tile's first mma waits for all of the loads (rnncc::join)
+                uint32_t all = 0u;
+#pragma unroll
+                for (int j = 0; j < kJ; ++j) all |= rnncc::or_all(hb[j]);
+#pragma unroll
+                for (int j = 0; j < kJ; ++j) rnncc::join(hb[j][0][0], all, rnncc::opaque_zero(a.B));
+              }
 #pragma unroll
               for (int j = 0; j < kJ; ++j) {  // n tile j0 + j: batch rows [8 (j0 + j), 8 (j0 + j) + 8) of the chunk
                 float acc[kMT][4];
