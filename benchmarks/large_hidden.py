@@ -13,6 +13,7 @@ hidden size from a results file (CPU side: the GPU machine has no matplotlib).
 
     python benchmarks/large_hidden.py --out benchmarks/results/large-hidden-h100-DATE.json
     python benchmarks/large_hidden.py --plot benchmarks/results/large-hidden-h100-DATE.json
+    python benchmarks/large_hidden.py --out FILE.json --points gru:2048:16,lstm:2048:16
 """
 
 from __future__ import annotations
@@ -40,7 +41,18 @@ POINTS = [
 T = 1024
 
 
-def measure(out: Path, repeats: int) -> None:
+def parse_points(text: str) -> list[tuple[str, int, int]]:
+    """``CELL:HIDDEN:B,...`` as (cell, hidden, batch) points."""
+    points = []
+    for item in text.split(","):
+        parts = item.split(":")
+        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
+            raise SystemExit(f"--points: {item!r} is not CELL:HIDDEN:B (e.g. gru:2048:16)")
+        points.append((parts[0], int(parts[1]), int(parts[2])))
+    return points
+
+
+def measure(out: Path, repeats: int, only: list[tuple[str, int, int]] | None = None) -> None:
     import torch
 
     import rnncc
@@ -48,7 +60,7 @@ def measure(out: Path, repeats: int) -> None:
     from rnncc.bench.records import machine_info, write_results
     from rnncc.bench.workloads import Case
 
-    points = [("lstm", h, 16) for h in SWEEP] + POINTS
+    points = only or [("lstm", h, 16) for h in SWEEP] + POINTS
     cells = {n: rnncc.load(ROOT / "examples" / f"{n}.rnn") for n in {p[0] for p in points}}
     device = torch.device("cuda")
 
@@ -125,11 +137,14 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--plot", type=Path, help="draw the plot of a results file")
     ap.add_argument("--repeats", type=int, default=7)
+    ap.add_argument(
+        "--points", help="only these points, CELL:HIDDEN:B,... (default: the sweep and POINTS)"
+    )
     args = ap.parse_args()
     if args.plot:
         print(plot(args.plot))
     elif args.out:
-        measure(args.out, args.repeats)
+        measure(args.out, args.repeats, parse_points(args.points) if args.points else None)
     else:
         sys.exit("give --out or --plot")
 
