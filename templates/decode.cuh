@@ -19,7 +19,10 @@
 namespace rnncc {
 namespace decode {
 
-constexpr int kUnits = 8;  // units of a block
+// Units of a block. Tried on the tensor cores (H100, LSTM 768, bf16, replayed decoding graph):
+// 6 units where the blocks still fit one wave (128 blocks on 132 SMs, 75 KB of rows each rather
+// than 99) took the kernel 7.51 us instead of 7.06-7.13 at B = 16, 5.53 instead of 5.43 at B = 1.
+constexpr int kUnits = 8;
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
