@@ -19,20 +19,15 @@
 namespace rnncc {
 namespace decode {
 
-// Units of a block. Tried on the tensor cores (H100, LSTM 768, bf16, replayed decoding graph):
-// 6 units where the blocks still fit one wave (128 blocks on 132 SMs, 75 KB of rows each rather
-// than 99) took the kernel 7.51 us instead of 7.06-7.13 at B = 16, 5.53 instead of 5.43 at B = 1.
-constexpr int kUnits = 8;
+constexpr int kUnits = 8;  // units of a block: four gates' rows make two whole m tiles
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
 
 // The launch is programmatic (launch_as, on sm_90): the kernel may start while the kernel
 // before it in the stream finishes. It waits for that kernel (its completion and its writes)
 // before its first read of global memory, and lets the next one start at once (which waits
-// in turn, so nothing of this step is read before it ends). What it hides is the launch of
-// one layer's kernel after the layer below's: a replayed 2-layer decoding graph (H100, LSTM
-// 768, bf16) took 13.3 us a step at B = 1 and 17.2 at B = 16 where the run before, without
-// it, took 13.8 and 17.6; one layer's step (after a cuBLAS product) did not move.
+// in turn, so nothing of this step is read before it ends): a stack's next layer launches
+// while the layer below finishes.
 __device__ __forceinline__ void dependent_launch() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -318,10 +313,8 @@ struct MmaKernels {
   // zeros past K. Where `vec` (every row 16-byte aligned): on sm_90 and newer one bulk copy a
   // row (lane 0 issues it, counted on the mbarrier `bar`) and the zeros stored, else 16-byte
   // cp.async; otherwise element by element. A warp per row, its lanes along it. `any`: a
-  // readable address (row 0's), the source of cp.async's zero-filling copies. The bulk copies
-  // took the decoding step from 1566 instructions a warp to 1364 and its kernel from 5.70 us
-  // to 5.38 at B = 1, 7.68 to 7.13 at B = 16 (H100, LSTM 768, bf16, in a replayed graph):
-  // staging 16 bytes a lane had been 44 % of the instructions.
+  // readable address (row 0's), the source of cp.async's zero-filling copies. A bulk copy is
+  // one instruction a row where cp.async is one per 16 bytes a lane.
   template <typename T, class RowAt>
   static __device__ __forceinline__ void stage(unsigned short* dst, const int rows, const int K, const bool vec,
                                                const T* any, [[maybe_unused]] const unsigned bar, RowAt row_at) {

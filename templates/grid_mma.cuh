@@ -75,14 +75,9 @@ struct Kernels : MmaCommon<C> {
       if (C::kGridNT[i] == nt && C::kGridUW[i] == uw) return i;
     return -1;
   }
-  // dgᵀ·R's k tiles whose fragments of dg are loaded at once. Joined as the forward's (below),
-  // the backward measured no better: the 1 x 768 LSTM's fwbw 5.14-5.27 us/step instead of
-  // 5.00-5.05, the 6 x 128 LSTM's within the run's noise (H100, bf16, B = 16).
-  static constexpr int kBwGroup = 8;
-  // The forward joins a warp's loads of h (rnncc::join) from this many k tiles (4 loads a lane).
-  // Measured (H100, bf16, B = 16, A/B in one run, T = 1024 forward): the 1 x 2048 GRU took
-  // 4.31-4.47 ms instead of 5.43-5.70 (8 loads a lane); the 1 x 768 LSTM (2 loads) 2.23-2.29
-  // instead of 2.01-2.07, so there the loads are left to ptxas (1.98 with this threshold).
+  static constexpr int kBwGroup = 8;  // dgᵀ·R's k tiles whose fragments of dg are loaded at once
+  // The forward joins a warp's loads of h (rnncc::join) from this many k tiles (4 loads a lane):
+  // with fewer, ptxas issues them together anyway, and the join only delays the first mma.
   static constexpr int kJoinKT = 8;
   static constexpr int kUnitTiles = (kD + 7) / 8;  // tiles of 8 units per head
   static_assert(kXWords % 32 == 0 && kXWords >= kGTiles * 16, "the exchange holds a row's dg in whole k-tile pairs");
