@@ -538,19 +538,18 @@ def check_out(
     contiguous (ValueError naming what differs). Asked on every decoding step: tensors that
     pass are checked in one expression each."""
     dtype, device = like["dtype"], like["device"]
-    if (
-        isinstance(out, tuple | list)
-        and len(out) == len(shapes)
-        and all(
-            type(t) is torch.Tensor
-            and t.shape == shape
-            and t.dtype == dtype
-            and t.device == device
-            and t.is_contiguous()
-            for t, shape in zip(out, shapes, strict=True)
-        )
-    ):
-        return tuple(out)
+    if isinstance(out, tuple | list) and len(out) == len(shapes):
+        for t, shape in zip(out, shapes):  # a loop, not all() over a generator: every step runs it
+            if not (
+                type(t) is torch.Tensor
+                and t.shape == shape
+                and t.dtype == dtype
+                and t.device == device
+                and t.is_contiguous()
+            ):
+                break
+        else:
+            return tuple(out)
     if not isinstance(out, tuple | list) or len(out) != len(shapes):
         raise ValueError(f"out must be a tuple of {len(shapes)} tensors {legend}, got {out!r}")
     for i, (t, shape) in enumerate(zip(out, shapes, strict=True)):
