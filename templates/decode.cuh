@@ -282,9 +282,10 @@ struct Kernels {
 // accumulation). The block's weight rows (W's, then R's; row r of a part is gate r / kUnits,
 // unit r % kUnits, m tile m its rows 16 m .. 16 m + 15) are copied into shared memory all at
 // once (bulk copies on sm_90, else cp.async: one memory round trip per step), beside the
-// chunk's x and h as stored; A fragments come through ldmatrix, B from 32-bit loads. A warp takes every m tile of
-// a part for the part's k tiles warp, warp + kWarps, ...; the warps' partial tiles are summed
-// through shared memory (over the weights, once they are read) into the rows' sums.
+// chunk's x and h as stored; A fragments come through ldmatrix, B from 32-bit loads. A warp
+// takes every m tile of a part for the part's k tiles warp, warp + kWarps, ...; the warps'
+// partial tiles are summed through shared memory (over the weights, once they are read) into
+// the rows' sums.
 template <class C, int kChunk>
 struct MmaKernels {
   using Base = Kernels<C, kChunk>;

@@ -129,11 +129,11 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Bulk copies global -> shared through the copy engine (sm_90 and newer): one instruction
-// moves `bytes` (a multiple of 16; both addresses 16-byte aligned) and counts them against the
-// transaction count of the mbarrier at the shared address `bar`. A phase of the barrier ends
-// once its arrivals are in and every byte announced with bulk_expect has landed: announce a
-// copy's bytes (bulk_expect) before the arrival of the thread that issues it.
+// Bulk copies global -> shared through the copy engine (sm_90 and newer): bulk_copy announces
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) on the mbarrier at the shared
+// address `bar` (expect_tx) and issues one copy, which counts them off as they land. A phase
+// of the barrier ends once its arrivals are in and every announced byte has landed, so a
+// thread's copies are issued before the arrival that stands for it.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RNNCC_BULK_COPY 1
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned arrivals) {
