@@ -1,10 +1,13 @@
-"""rnncc under DistributedDataParallel with NCCL on one GPU (world size 1), fused backend,
-block tier and grid tier (a cooperative launch beside NCCL's kernels on other streams):
-training steps run and the gradients are those of the same model without DDP."""
+"""rnncc under DistributedDataParallel with NCCL, fused backend, block tier and grid tier (a
+cooperative launch beside NCCL's kernels on other streams). World size 1: training steps run
+and the gradients are those of the same model without DDP. Two GPUs (skipped with fewer):
+the ranks' averaged gradients are one process's on the concatenated batch, and the grid
+tier trains beside NCCL's all-reduces of earlier layers without either waiting forever."""
 
 from __future__ import annotations
 
 import importlib.util
+import time
 from pathlib import Path
 
 import pytest
@@ -12,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from rnncc.testing import rel_err
+from rnncc.testing import TOLERANCES, rel_err
 
 pytestmark = pytest.mark.gpu
 
@@ -101,3 +104,100 @@ def test_weight_gradients_have_their_parameters_strides(backend, heads):
     assert cell.last_backend == backend
     for name, p in layer.named_parameters():
         assert p.grad.stride() == p.stride(), name
+
+
+two_gpus = pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 GPUs")
+#: The global batch of the two-rank tests, split evenly between the ranks.
+GLOBAL_BATCH, LENGTH = 32, 32
+
+
+def _global_steps(model, wrapped, example, steps: int, rank: int, world: int):
+    """``steps`` SGD steps on the global batches of seeds 0, 1, ...: this rank's share of each,
+    its loss the mean over that share (DDP averages over the ranks: the global mean)."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for seed in range(steps):
+        bits, parity = example.batch(GLOBAL_BATCH, LENGTH, seed=seed, device="cuda")
+        optimizer.zero_grad()
+        logits = wrapped(bits.chunk(world)[rank])
+        target = parity.chunk(world)[rank].float()
+        torch.nn.functional.binary_cross_entropy_with_logits(logits.float(), target).backward()
+        optimizer.step()
+    return {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
+
+
+def _two_rank_worker(
+    rank: int, store: str, backend: str, hidden: int, dtype, steps: int, bucket_mb: float, out: str
+) -> None:
+    torch.cuda.set_device(rank)
+    dist.init_process_group(
+        "nccl",
+        init_method=f"file://{store}",
+        rank=rank,
+        world_size=2,
+        device_id=torch.device("cuda", rank),
+    )
+    try:
+        example = _example()
+        torch.manual_seed(0)
+        model = example.ParityModel("lstm", hidden, backend=backend).to("cuda", dtype)
+        # Small buckets: a layer's all-reduce runs while the layer below computes its backward.
+        ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=bucket_mb)
+        grads = _global_steps(model, ddp, example, steps, rank, 2)
+        assert model.layers[0].cell.last_backend == backend
+        torch.save(grads, f"{out}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def _spawn_two_ranks(args: tuple, timeout_s: float) -> None:
+    """Run ``_two_rank_worker`` on GPUs 0 and 1; fail (and end them) after ``timeout_s``."""
+    context = mp.spawn(_two_rank_worker, args=args, nprocs=2, join=False)
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for p in context.processes:
+                p.kill()
+            pytest.fail(f"two DDP ranks still running after {timeout_s:.0f} s: a hang")
+
+
+@two_gpus
+@pytest.mark.parametrize(
+    "backend,hidden,dtype",
+    [
+        ("reference", 16, torch.float64),
+        ("fused", 64, torch.float32),  # block tier
+        ("fused", 256, torch.bfloat16),  # grid tier
+    ],
+    ids=["reference-fp64", "block_ffma-fp32", "grid_mma-bf16"],
+)
+def test_two_gpus_average_to_one_process_on_the_whole_batch(tmp_path, backend, hidden, dtype):
+    """float64 on the reference backend to 1e-12, as the CPU (gloo) test; the fused tiers to
+    their dtype's tolerance (the batch is split, so the kernels sum dR in another order)."""
+    out = str(tmp_path / "grads")
+    _spawn_two_ranks((str(tmp_path / "store"), backend, hidden, dtype, 3, 0.05, out), 300)
+    got = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    example = _example()
+    torch.manual_seed(0)
+    model = example.ParityModel("lstm", hidden, backend=backend).to("cuda", dtype)
+    expected = _global_steps(model, model, example, 3, 0, 1)
+    tol = 1e-12 if dtype == torch.float64 else TOLERANCES[dtype]
+    for name, g in expected.items():
+        assert torch.equal(got[0][name], got[1][name]), f"{name}: the ranks differ"
+        assert rel_err(got[0][name], g) <= tol, name
+
+
+@two_gpus
+def test_two_gpus_grid_tier_filling_the_chip_beside_nccl(tmp_path):
+    """At 2048 units the grid tier's cooperative kernels hold 128 of an H100's 132 SMs, and
+    tiny buckets put an all-reduce beside nearly every backward kernel: 30 steps finish."""
+    from rnncc.runtime.api import load
+
+    cell = load(REPO / "examples" / "lstm.rnn")
+    plan = cell.plan(GLOBAL_BATCH // 2, 1, 2048, torch.bfloat16)
+    assert plan.variant == "grid_mma"
+    args = (str(tmp_path / "store"), "fused", 2048, torch.bfloat16, 30, 0.01, str(tmp_path / "g"))
+    _spawn_two_ranks(args, 400)
+    for rank in range(2):
+        grads = torch.load(tmp_path / f"g.{rank}")
+        assert all(torch.isfinite(g).all() for g in grads.values())
