@@ -294,6 +294,7 @@ struct MmaKernels {
   static constexpr int kMx = (kGx * kUnits + 15) / 16, kMr = (kGr * kUnits + 15) / 16;  // m tiles
   static constexpr int kM = kMx + kMr;
   static_assert(kChunk % 8 == 0 && kM > 0, "whole n tiles; some rows");
+  static_assert(kUnits == kWarps, "a warp stages one unit's rows (stage)");
 
   // A row of K values in shared memory: K rounded up to 16 (zeros), and 8 more, so that the 8
   // rows of an ldmatrix (or of a B load) fall in distinct banks.
@@ -316,18 +317,24 @@ struct MmaKernels {
   // cp.async; otherwise element by element. A warp per row, its lanes along it. `any`: a
   // readable address (row 0's), the source of cp.async's zero-filling copies. A bulk copy is
   // one instruction a row where cp.async is one per 16 bytes a lane.
-  template <typename T, class RowAt>
-  static __device__ __forceinline__ void stage(unsigned short* dst, const int rows, const int K, const bool vec,
-                                               const T* any, [[maybe_unused]] const unsigned bar, RowAt row_at) {
+  template <typename T, int kRowsOf, class RowAt>
+  static __device__ __forceinline__ void stage(unsigned short* dst, const int K, const bool vec, const T* any,
+                                               [[maybe_unused]] const unsigned bar, RowAt row_at) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Ks = stride(K), chunks = (K + 15) / 16 * 2;
+    __builtin_assume(warp < kWarps);  // row warp + kWarps i: its gate and unit fold (kUnits == kWarps)
     const unsigned base = (unsigned)__cvta_generic_to_shared(dst);
-    for (int r = warp; r < rows; r += kWarps) {
+#pragma unroll
+    for (int i = 0; i < (kRowsOf + kWarps - 1) / kWarps; ++i) {
+      const int r = warp + kWarps * i;
+      if (kRowsOf % kWarps != 0 && r >= kRowsOf) break;
       const unsigned short* const src = reinterpret_cast<const unsigned short*>(row_at(r));
       if (vec) {
 #if RNNCC_BULK_COPY
         if (src != nullptr && lane == 0) bulk_copy(base + 2 * r * Ks, src, 2 * K, bar);
-        for (int j = (src != nullptr ? K / 8 : 0) + lane; j < chunks; j += 32)
-          *reinterpret_cast<uint4*>(dst + r * Ks + 8 * j) = make_uint4(0u, 0u, 0u, 0u);
+        if (src == nullptr || K % 16 != 0) {  // zeros: the whole row, or the last 8 values
+          for (int j = (src != nullptr ? K / 8 : 0) + lane; j < chunks; j += 32)
+            *reinterpret_cast<uint4*>(dst + r * Ks + 8 * j) = make_uint4(0u, 0u, 0u, 0u);
+        }
 #else
         for (int j = lane; j < chunks; j += 32) {
           const bool ok = src != nullptr && 8 * j < K;
@@ -396,27 +403,27 @@ struct MmaKernels {
     if (kMx > 0 && a.x != nullptr) {
       const T* const w = static_cast<const T*>(a.W) + ((long long)n * D + u0) * I;
       const bool vec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-      stage<T>(wx_rows, 16 * kMx, I, vec, w, bar, [&](const int r) -> const T* {
+      stage<T, 16 * kMx>(wx_rows, I, vec, w, bar, [&](const int r) -> const T* {
         const int q = r / kUnits, u = r % kUnits;
         return q < kGx && u0 + u < D ? w + ((long long)q * NHD + u) * I : nullptr;
       });
       const T* const x = static_cast<const T*>(a.x);
       const bool xvec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-      stage<T>(xs, kChunk, I, xvec, x, bar, [&](const int b) -> const T* {
+      stage<T, kChunk>(xs, I, xvec, x, bar, [&](const int b) -> const T* {
         return b0 + b < a.B ? x + (long long)(b0 + b) * I : nullptr;
       });
     }
     if (kMr > 0) {
       const T* const w = static_cast<const T*>(a.R) + ((long long)n * D + u0) * D;
       const bool vec = D % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-      stage<T>(wr_rows, 16 * kMr, D, vec, w, bar, [&](const int r) -> const T* {
+      stage<T, 16 * kMr>(wr_rows, D, vec, w, bar, [&](const int r) -> const T* {
         const int q = r / kUnits, u = r % kUnits;
         return q < kGr && u0 + u < D ? w + ((long long)q * NHD + u) * D : nullptr;
       });
     }
     const T* const h = static_cast<const T*>(a.states) + kRec * a.states_stride + (long long)n * D;
     const bool hvec = D % 8 == 0 && NHD % 8 == 0 && (reinterpret_cast<uintptr_t>(h) & 15) == 0;
-    stage<T>(hs, kChunk, D, hvec, h, bar,
+    stage<T, kChunk>(hs, D, hvec, h, bar,
              [&](const int b) -> const T* { return b0 + b < a.B ? h + (long long)(b0 + b) * NHD : nullptr; });
 #if RNNCC_BULK_COPY
     if (lane == 0) mbar_arrive(bar);  // after the warp's bulk copies are announced
@@ -451,15 +458,31 @@ struct MmaKernels {
         reinterpret_cast<float4*>(red)[((warp * kM + m) * kNT + t) * 32 + lane] = make_float4(c[m][t][0], c[m][t][1], c[m][t][2], c[m][t][3]);
     __syncthreads();
 
-    // The rows' sums: element j of lane l's fragment of tile (m, t), summed over the warps.
-    for (int e = threadIdx.x; e < kM * kNT * 128; e += kThreads) {
-      float s = 0.0f;
+    // The rows' sums: lane l's fragment of tile (m, t) (rows r, r + 8, columns b, b + 1),
+    // summed over the warps a float4 at a time.
+    for (int f = threadIdx.x; f < kM * kNT * 32; f += kThreads) {
+      const float4* const part = reinterpret_cast<const float4*>(red) + f;
+      float4 s = part[0];
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += red[w * kM * kNT * 128 + e];
-      const int j = e % 4, l = e / 4 % 32, t = e / 128 % kNT, m = e / (128 * kNT);
-      const int in_r = m >= kMx, r = 16 * (in_r ? m - kMx : m) + l / 4 + (j >= 2 ? 8 : 0);
-      const int b = 8 * t + 2 * (l % 4) + (j & 1);
-      if (r < (in_r ? kGr : kGx) * kUnits) sums[((in_r ? kGx * kUnits : 0) + r) * kChunk + b] = s;
+      for (int w = 1; w < kWarps; ++w) {
+        const float4 v = part[w * kM * kNT * 32];
+        s.x += v.x;
+        s.y += v.y;
+        s.z += v.z;
+        s.w += v.w;
+      }
+      const int l = f % 32, t = f / 32 % kNT, m = f / (32 * kNT);
+      const bool in_r = m >= kMx;
+      const int r = 16 * (in_r ? m - kMx : m) + l / 4, rows = (in_r ? kGr : kGx) * kUnits;
+      float* const at = sums + ((in_r ? kGx * kUnits : 0) + r) * kChunk + 8 * t + 2 * (l % 4);
+      if (r < rows) {
+        at[0] = s.x;
+        at[1] = s.y;
+      }
+      if (r + 8 < rows) {
+        at[8 * kChunk] = s.z;
+        at[8 * kChunk + 1] = s.w;
+      }
     }
     __syncthreads();
     Base::template cell<T>(a, sums, e);
