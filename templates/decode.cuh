@@ -25,14 +25,22 @@ constexpr int kThreads = 32 * kWarps;
 
 // The launch is programmatic (launch_as, on sm_90): the kernel may start while the kernel
 // before it in the stream finishes. It waits for that kernel (its completion and its writes)
-// before its first read of global memory, and lets the next one start at once (which waits
-// in turn, so nothing of this step is read before it ends): a stack's next layer launches
-// while the layer below finishes.
-__device__ __forceinline__ void dependent_launch() {
+// before it reads what that kernel may write (dependency_wait), and lets the next one start
+// (launch_dependents; the next waits in turn, so nothing of this step is read before it
+// ends): a stack's next layer launches while the layer below finishes.
+__device__ __forceinline__ void dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
+}
+__device__ __forceinline__ void dependent_launch() {
+  dependency_wait();
+  launch_dependents();
 }
 
 // v[i] of every lane summed over the warp, scattered: lane L ends with the sums of values
@@ -396,21 +404,17 @@ struct MmaKernels {
     if (threadIdx.x == 0) mbar_init(bar, kWarps);
     __syncthreads();
 #endif
-    dependent_launch();
 
-    // Every copy at once: the weights (zeros past the part's gates and the head), the chunk's
-    // x and h (zeros past the batch).
+    // Every copy at once: the weights (zeros past the part's gates and the head; before the
+    // wait for the kernel before this one where that kernel writes neither), the chunk's x
+    // and h (zeros past the batch).
+    if (!a.weights_first) dependency_wait();
     if (kMx > 0 && a.x != nullptr) {
       const T* const w = static_cast<const T*>(a.W) + ((long long)n * D + u0) * I;
       const bool vec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
       stage<T, 16 * kMx>(wx_rows, I, vec, w, bar, [&](const int r) -> const T* {
         const int q = r / kUnits, u = r % kUnits;
         return q < kGx && u0 + u < D ? w + ((long long)q * NHD + u) * I : nullptr;
-      });
-      const T* const x = static_cast<const T*>(a.x);
-      const bool xvec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-      stage<T, kChunk>(xs, I, xvec, x, bar, [&](const int b) -> const T* {
-        return b0 + b < a.B ? x + (long long)(b0 + b) * I : nullptr;
       });
     }
     if (kMr > 0) {
@@ -419,6 +423,15 @@ struct MmaKernels {
       stage<T, 16 * kMr>(wr_rows, D, vec, w, bar, [&](const int r) -> const T* {
         const int q = r / kUnits, u = r % kUnits;
         return q < kGr && u0 + u < D ? w + ((long long)q * NHD + u) * D : nullptr;
+      });
+    }
+    if (a.weights_first) dependency_wait();
+    launch_dependents();
+    if (kMx > 0 && a.x != nullptr) {
+      const T* const x = static_cast<const T*>(a.x);
+      const bool xvec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
+      stage<T, kChunk>(xs, I, xvec, x, bar, [&](const int b) -> const T* {
+        return b0 + b < a.B ? x + (long long)(b0 + b) * I : nullptr;
       });
     }
     const T* const h = static_cast<const T*>(a.states) + kRec * a.states_stride + (long long)n * D;

@@ -19,7 +19,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 10
+#define RNNCC_ABI_VERSION 11
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -73,6 +73,8 @@ typedef struct rnncc_decode_args {
   void* y;             // [O, B, NH, D], or null (the outputs are states: read new_states)
   void* new_states;    // [S, B, NH, D] (strided as above)
   long long new_states_stride;
+  int weights_first;   // nonzero: the kernel before this one on the stream writes neither W
+                       // nor R (the layer below's step), so they are read before waiting for it
 } rnncc_decode_args;
 
 typedef int (*rnncc_decode_fn)(const rnncc_decode_args* args, cudaStream_t stream);

@@ -462,6 +462,7 @@ void decode_stack(const c10::optional<at::Tensor>& x_, const c10::List<c10::opti
     a.y = k.O > 1 ? outs.data_ptr() : top ? y.data_ptr() : nullptr;
     a.new_states = at_offset(new_states, l * new_states.stride(1));
     a.new_states_stride = new_states.stride(0);
+    a.weights_first = l > 0;  // after the layer below's kernel (or its dropout, or its outputs' copy)
     const int err = reinterpret_cast<rnncc_decode_fn>(fn)(&a, stream);
     TORCH_CHECK(err == 0, "rnncc decode_stack: launching the step kernel of layer ", l, " failed: ",
                 cudaGetErrorString(static_cast<cudaError_t>(err)));
