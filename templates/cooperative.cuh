@@ -18,9 +18,43 @@ struct SmemLimit {
   bool raised[kSmemDevices] = {};
 };
 
+// The persisting access-policy window that keeps `bytes` bytes from `base` in L2 across a
+// launch's steps (rnncc_launch.l2_bytes), on the device `dev`. The window is an attribute of
+// each launch (nothing is set on the stream, and a captured graph keeps it in its kernel
+// nodes); L2's set-aside for persisting lines is device state: raised once, outside stream
+// capture, to what the window needs within the device's maximum, and kept (lines no window
+// claims serve other accesses). The window's hit ratio is the share of it the set-aside holds,
+// so that its persisting lines do not evict each other. None (num_bytes 0) where the device
+// keeps nothing.
+inline cudaAccessPolicyWindow l2_window(void* base, const size_t bytes, const int dev, cudaStream_t stream) {
+  static std::mutex lock;
+  const std::lock_guard<std::mutex> hold(lock);
+  cudaAccessPolicyWindow w = {};
+  int max_set_aside = 0, max_window = 0;
+  if (cudaDeviceGetAttribute(&max_set_aside, cudaDevAttrMaxPersistingL2CacheSize, dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_window, cudaDevAttrMaxAccessPolicyWindowSize, dev) != cudaSuccess)
+    return w;
+  const size_t want = bytes < (size_t)max_window ? bytes : (size_t)max_window;
+  size_t set_aside = 0;
+  if (cudaDeviceGetLimit(&set_aside, cudaLimitPersistingL2CacheSize) != cudaSuccess) return w;
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  cudaStreamIsCapturing(stream, &capturing);
+  if (set_aside < want && set_aside < (size_t)max_set_aside && capturing == cudaStreamCaptureStatusNone) {
+    const size_t to = want < (size_t)max_set_aside ? want : (size_t)max_set_aside;
+    if (cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, to) == cudaSuccess) set_aside = to;
+  }
+  if (set_aside == 0 || want == 0) return w;
+  w.base_ptr = base;
+  w.num_bytes = want;
+  w.hitRatio = set_aside >= want ? 1.0f : (float)set_aside / (float)want;
+  w.hitProp = cudaAccessPropertyPersisting;
+  w.missProp = cudaAccessPropertyStreaming;
+  return w;
+}
+
 // Launch kernel `fn(a, n0, c0)` over NH heads and `chunks` batch chunks as `l` says, with
-// `threads` threads and `smem` bytes of dynamic shared memory a block; `l.grid_x` is checked by
-// the caller. A CUDA error code, or 0.
+// `threads` threads and `smem` bytes of dynamic shared memory a block, and the L2 window of
+// `l` over a's exchange buffer; `l.grid_x` is checked by the caller. A CUDA error code, or 0.
 template <typename Args>
 int launch_cooperative(void (*fn)(Args, int, int), const Args& a, const rnncc_launch& l, const int threads,
                        const size_t smem, const int chunks, SmemLimit& limit, cudaStream_t stream) {
@@ -37,6 +71,9 @@ int launch_cooperative(void (*fn)(Args, int, int), const Args& a, const rnncc_la
       if (dev < kSmemDevices) limit.raised[dev] = true;
     }
   }
+  if (l.l2_bytes < 0 || l.l2_from < 0 || (l.l2_bytes > 0 && a.xchg == nullptr)) return (int)cudaErrorInvalidValue;
+  const cudaAccessPolicyWindow window =
+      l.l2_bytes > 0 ? l2_window(a.xchg + l.l2_from, (size_t)l.l2_bytes, dev, stream) : cudaAccessPolicyWindow{};
   for (int n0 = 0; n0 < a.NH; n0 += l.grid_y) {
     for (int c0 = 0; c0 < chunks; c0 += l.grid_z) {
       const int nh = a.NH - n0 < l.grid_y ? a.NH - n0 : l.grid_y;
@@ -46,11 +83,13 @@ int launch_cooperative(void (*fn)(Args, int, int), const Args& a, const rnncc_la
       cfg.blockDim = dim3((unsigned)threads);
       cfg.dynamicSmemBytes = smem;
       cfg.stream = stream;
-      cudaLaunchAttribute attr[1];
+      cudaLaunchAttribute attr[2];
       attr[0].id = cudaLaunchAttributeCooperative;
       attr[0].val.cooperative = 1;
+      attr[1].id = cudaLaunchAttributeAccessPolicyWindow;
+      attr[1].val.accessPolicyWindow = window;
       cfg.attrs = attr;
-      cfg.numAttrs = 1;
+      cfg.numAttrs = window.num_bytes > 0 ? 2 : 1;
       err = cudaLaunchKernelEx(&cfg, fn, a, n0, c0);
       if (err != cudaSuccess) return (int)err;
     }

@@ -19,7 +19,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
-#define RNNCC_ABI_VERSION 11
+#define RNNCC_ABI_VERSION 12
 
 enum rnncc_dtype { RNNCC_F32 = 0, RNNCC_F16 = 1, RNNCC_BF16 = 2 };
 
@@ -86,6 +86,8 @@ typedef int (*rnncc_decode_fn)(const rnncc_decode_args* args, cudaStream_t strea
 typedef struct rnncc_launch {
   int kernel, threads, smem;
   int grid_x, grid_y, grid_z;
+  int l2_from, l2_bytes;  // the exchange buffer's l2_bytes bytes from its word l2_from: kept in
+                          // L2 (a persisting access-policy window on each launch; 0: none)
 } rnncc_launch;
 
 // The fused forward: the whole sequence in one launch (rnncc_fused_forward). Layouts as

@@ -33,15 +33,18 @@ struct Dims {
 
 // A fused call's launch, from the plan (rnncc.variants' Launch.as_list): the grid tier's
 // exchange values per (head, batch row) and the 32-bit words of its buffer (0, 0 for the
-// block tier), then the forward's and the backward's rnncc_launch.
+// block tier), the part of it kept in L2 (its first word and bytes; 0, 0: none), then the
+// forward's and the backward's rnncc_launch.
 struct Plan {
   int64_t X, words;
   rnncc_launch fw, bw;
   explicit Plan(at::IntArrayRef l) {
-    TORCH_CHECK(l.size() == 14, "rnncc: a fused launch is [X, words, forward (6), backward (6)]");
+    TORCH_CHECK(l.size() == 16,
+                "rnncc: a fused launch is [X, words, L2 window's word and bytes, forward (6), backward (6)]");
     X = l[0]; words = l[1];
-    fw = rnncc_launch{(int)l[2], (int)l[3], (int)l[4], (int)l[5], (int)l[6], (int)l[7]};
-    bw = rnncc_launch{(int)l[8], (int)l[9], (int)l[10], (int)l[11], (int)l[12], (int)l[13]};
+    const int from = (int)l[2], bytes = (int)l[3];
+    fw = rnncc_launch{(int)l[4], (int)l[5], (int)l[6], (int)l[7], (int)l[8], (int)l[9], from, bytes};
+    bw = rnncc_launch{(int)l[10], (int)l[11], (int)l[12], (int)l[13], (int)l[14], (int)l[15], from, bytes};
   }
 };
 

@@ -38,7 +38,7 @@ from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
 from rnncc.variants import BY_NAME, Launch
 
-ABI_VERSION = 11
+ABI_VERSION = 12
 #: The headers the host loop includes (a kernel library's are its GeneratedSource's).
 HOST_HEADERS = ("rnncc_abi.h",)
 _lock = threading.Lock()

@@ -88,6 +88,8 @@ class Plan:
                 "backward": kernel(self.launch.backward),
                 "exchange_words": self.launch.exchange_words,
                 "exchange_buffer_words": self.launch.exchange_buffer_words,
+                "l2_from": self.launch.l2_from,
+                "l2_bytes": self.launch.l2_bytes,
             },
             "cost": self.cost.as_dict(),
             "usage": [{"constraint": n, "used": u, "limit": lim} for n, u, lim in self.usage],
@@ -115,6 +117,11 @@ class Plan:
             add(
                 f"  exchange    {self.launch.exchange_words} values per (head, batch row); "
                 f"{self.launch.exchange_buffer_words * 4} B for B={p.batch}"
+            )
+        if self.launch.l2_bytes:
+            add(
+                f"  L2 window   {self.launch.l2_bytes} B of the streamed R (the buffer's words "
+                f"from {self.launch.l2_from}) kept in L2 across steps (persisting)"
             )
         if self.usage:
             usage = ", ".join(f"{n} {u / lim:.0%}" for n, u, lim in self.usage if lim)

@@ -70,21 +70,29 @@ class KernelLaunch:
 @dataclass(frozen=True)
 class Launch:
     """The forward's and the backward's launches, and the grid tier's exchange: 16-bit values
-    per (head, batch row), and the 32-bit words of the buffer the host allocates (0: none)."""
+    per (head, batch row), and the 32-bit words of the buffer the host allocates (0: none).
+    ``l2_bytes`` bytes of that buffer from its word ``l2_from`` on (the part of R a streaming
+    kernel reads every step) are kept in L2 by a persisting access-policy window on the
+    launches (0: no window)."""
 
     forward: KernelLaunch | None
     backward: KernelLaunch | None
     exchange_words: int = 0
     exchange_buffer_words: int = 0
+    l2_from: int = 0
+    l2_bytes: int = 0
 
     def as_list(self) -> list[int]:
-        """``[exchange values, buffer words, forward (6), backward (6)]`` as the host loop
-        takes them; empty where the variant's kernels are launched per step (stepwise)."""
+        """``[exchange values, buffer words, L2 window's first word, its bytes, forward (6),
+        backward (6)]`` as the host loop takes them; empty where the variant's kernels are
+        launched per step (stepwise)."""
         if self.forward is None or self.backward is None:
             return []
         return [
             self.exchange_words,
             self.exchange_buffer_words,
+            self.l2_from,
+            self.l2_bytes,
             *self.forward.as_list(),
             *self.backward.as_list(),
         ]

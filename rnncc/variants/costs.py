@@ -35,6 +35,9 @@ STREAM_BYTES_PER_US = 25e3
 #: against 19 predicted at HBM's rate) and none of a 53.5 MB one (LSTM 3072: 21.9 against 27.6;
 #: a cyclic read larger than the cache evicts every line before its reuse).
 STREAM_L2_RESIDENT_BYTES = 30e6
+#: Of a larger stream, the bytes the launches' persisting L2 window keeps: the largest
+#: persisting set-aside of an H100 or H200 (cudaDevAttrMaxPersistingL2CacheSize, 37.5 MiB).
+STREAM_L2_PERSISTING_BYTES = 39321600
 #: A stepwise step: a batched matrix product and a pointwise kernel, launched from the host
 #: loop (launch-bound at the problem sizes rnncc targets).
 STEPWISE_STEP_US = 24.0

@@ -31,6 +31,7 @@ from rnncc.variants.costs import (
     GRID_STEP_US,
     SMEM_BYTES_PER_CLK,
     STREAM_BYTES_PER_US,
+    STREAM_L2_PERSISTING_BYTES,
     STREAM_L2_RESIDENT_BYTES,
     cycles_us,
     mma_us,
@@ -558,13 +559,20 @@ class GridMma(Variant):
         words = problem.heads * b8 * exchange_words(problem) + problem.heads * (b8 // 8)
         uw = point["unit_tiles"]
         streamed = max(streamed_bytes(problem, uw, False), streamed_bytes(problem, uw, True))
+        l2_from = l2_bytes = 0
         if streamed:  # past the counters from a multiple of 4 words (rnncc_abi.h)
-            words = cdiv(words, 4) * 4 + problem.heads * grid[0] * streamed // 4
+            region = problem.heads * grid[0] * streamed
+            l2_from = cdiv(words, 4) * 4
+            words = l2_from + region // 4
+            if region > STREAM_L2_RESIDENT_BYTES:  # what L2 does not keep by itself
+                l2_bytes = region
         return Launch(
             KernelLaunch(index, k["fw_threads"], k["fw_smem"], grid, launches),
             KernelLaunch(index, k["bw_threads"], k["bw_smem"], grid, launches),
             exchange_words(problem),
             words,
+            l2_from if l2_bytes else 0,
+            l2_bytes,
         )
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
@@ -588,8 +596,15 @@ class GridMma(Variant):
             step = p.heads * blocks_per_head(p, uw) * streamed  # a step's, every block's
             if step <= STREAM_L2_RESIDENT_BYTES:  # at the whole L2's rate
                 terms += (("stream", step / (caps.l2_gbs * 1e3)),)
-            else:  # at the SM's share of HBM
-                terms += (("stream", bps * streamed / STREAM_BYTES_PER_US),)
+            else:  # the persisting window's part at L2's rate, the rest at the SM's of HBM
+                kept = min(step, STREAM_L2_PERSISTING_BYTES)
+                terms += (
+                    (
+                        "stream",
+                        kept / (caps.l2_gbs * 1e3)
+                        + bps * streamed * (1 - kept / step) / STREAM_BYTES_PER_US,
+                    ),
+                )
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps, point)[2]
         return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)

@@ -86,3 +86,29 @@ def test_split_grid_blocks_match_float64_reference(cells, case):
     assert grid_mma.split(plan.problem, 2)
     # R partly in shared memory (a one-gate cell's backward may keep all of its part in registers)
     assert kernel["fw_store"] > 0
+
+
+def test_streaming_kernels_keep_r_in_l2_also_in_a_cuda_graph(stream_cells):
+    """The L2 window over the streamed part of R is an attribute of each launch: a captured
+    graph replays the streaming kernels with it, and gives the eager call's outputs."""
+    import torch
+
+    from rnncc.testing import random_inputs, rel_err
+
+    cell, B, T, D = stream_cells["lstm"], 4, 4, 3072
+    args = random_inputs(cell.ir, B, T, 1, D, dtype=torch.bfloat16, device="cuda")
+    call = lambda: cell(**args, backend="fused")  # noqa: E731
+    y_eager, last_eager = call()
+    launch = cell.last_plan.launch
+    assert cell.last_plan.variant == "grid_stream" and launch.l2_bytes > 0 and launch.l2_from > 0
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y, last = call()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert rel_err(y, y_eager) <= 1e-6 and rel_err(last, last_eager) <= 1e-6

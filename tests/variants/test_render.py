@@ -21,7 +21,7 @@ from rnncc.ir.cell import Cell
 from rnncc.resources import templates_dir
 from rnncc.tiling import Problem, caps_for_arch
 from rnncc.tiling.solve import diagnose, points, solve
-from rnncc.variants import BY_NAME, VARIANTS, Variant, block_ffma, block_mma, grid_mma
+from rnncc.variants import BY_NAME, VARIANTS, Variant, block_ffma, block_mma, costs, grid_mma
 from rnncc.variants.base import cdiv
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -486,7 +486,12 @@ def test_split_and_streaming_blocks_place_every_k_tile_of_r_once(name, D):
             streamed = max(grid_mma.streamed_bytes(p, 4, b) for b in (False, True))
             region = p.heads * grid_mma.blocks_per_head(p, 4) * streamed // 4
             assert launch.exchange_buffer_words == cdiv(counters, 4) * 4 + region
+            # The streamed part is kept in L2 by a window where L2 does not keep it anyway.
+            kept = 4 * region > costs.STREAM_L2_RESIDENT_BYTES
+            assert launch.l2_bytes == (4 * region if kept else 0)
+            assert launch.l2_from == (cdiv(counters, 4) * 4 if kept else 0)
             kernel = plan.build["kernels"][launch.forward.kernel]
             assert kernel["fw_store"] > 0 and kernel["fw_smem"] <= grid_mma.LIBRARY_SMEM
         else:
             assert launch.exchange_buffer_words == counters
+            assert launch.l2_from == launch.l2_bytes == 0
