@@ -561,17 +561,16 @@ class GridMma(Variant):
         streamed = max(streamed_bytes(problem, uw, False), streamed_bytes(problem, uw, True))
         l2_from = l2_bytes = 0
         if streamed:  # past the counters from a multiple of 4 words (rnncc_abi.h)
-            region = problem.heads * grid[0] * streamed
-            l2_from = cdiv(words, 4) * 4
-            words = l2_from + region // 4
+            start, region = cdiv(words, 4) * 4, problem.heads * grid[0] * streamed
+            words = start + region // 4
             if region > STREAM_L2_RESIDENT_BYTES:  # what L2 does not keep by itself
-                l2_bytes = region
+                l2_from, l2_bytes = start, region
         return Launch(
             KernelLaunch(index, k["fw_threads"], k["fw_smem"], grid, launches),
             KernelLaunch(index, k["bw_threads"], k["bw_smem"], grid, launches),
             exchange_words(problem),
             words,
-            l2_from if l2_bytes else 0,
+            l2_from,
             l2_bytes,
         )
 
