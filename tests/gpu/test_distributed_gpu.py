@@ -56,19 +56,24 @@ def _grads(hidden, dtype, ddp: bool, out: str | None = None):
     return grads
 
 
-def _worker(rank: int, store: str, hidden: int, dtype: torch.dtype, out: str) -> None:
-    import warnings
-
-    # DDP's note that a gradient is laid out unlike its parameter (it then copies each step).
-    warnings.filterwarnings("error", message="Grad strides do not match")
+def _join_nccl(rank: int, world: int, store: str) -> None:
+    """This process as rank ``rank`` of ``world`` on GPU ``rank``, NCCL, met through a file."""
     torch.cuda.set_device(rank)
     dist.init_process_group(
         "nccl",
         init_method=f"file://{store}",
         rank=rank,
-        world_size=1,
+        world_size=world,
         device_id=torch.device("cuda", rank),
     )
+
+
+def _worker(rank: int, store: str, hidden: int, dtype: torch.dtype, out: str) -> None:
+    import warnings
+
+    # DDP's note that a gradient is laid out unlike its parameter (it then copies each step).
+    warnings.filterwarnings("error", message="Grad strides do not match")
+    _join_nccl(rank, 1, store)
     try:
         _grads(hidden, dtype, ddp=True, out=out)
     finally:
@@ -128,14 +133,7 @@ def _global_steps(model, wrapped, example, steps: int, rank: int, world: int):
 def _two_rank_worker(
     rank: int, store: str, backend: str, hidden: int, dtype, steps: int, bucket_mb: float, out: str
 ) -> None:
-    torch.cuda.set_device(rank)
-    dist.init_process_group(
-        "nccl",
-        init_method=f"file://{store}",
-        rank=rank,
-        world_size=2,
-        device_id=torch.device("cuda", rank),
-    )
+    _join_nccl(rank, 2, store)
     try:
         example = _example()
         torch.manual_seed(0)
