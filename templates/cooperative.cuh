@@ -18,15 +18,17 @@ struct SmemLimit {
   bool raised[kSmemDevices] = {};
 };
 
-// The persisting access-policy window that keeps `bytes` bytes from `base` in L2 across a
-// launch's steps (rnncc_launch.l2_bytes), on the device `dev`. The window is an attribute of
-// each launch (nothing is set on the stream, and a captured graph keeps it in its kernel
-// nodes); L2's set-aside for persisting lines is device state: raised once, outside stream
-// capture, to what the window needs within the device's maximum, and kept (lines no window
-// claims serve other accesses). The window's hit ratio is the share of it the set-aside holds,
-// so that its persisting lines do not evict each other. None (num_bytes 0) where the device
-// keeps nothing.
-inline cudaAccessPolicyWindow l2_window(void* base, const size_t bytes, const int dev, cudaStream_t stream) {
+// The persisting access-policy window that keeps part of `bytes` bytes from `base` in L2
+// across a launch's steps (rnncc_launch.l2_bytes), on the device `dev`. The window is an
+// attribute of each launch (nothing is set on the stream, and a captured graph keeps it in its
+// kernel nodes); L2's set-aside for persisting lines is device state: raised once, outside
+// stream capture, to what the window needs within the device's maximum, and kept (lines no
+// window claims serve other accesses). The window's hit ratio makes its persisting lines
+// `claim_permille` thousandths of the set-aside (the plan's, grid_mma's C::kFwL2Claim and
+// kBwL2Claim): claiming all of it leaves the rest of the stream too little of L2. None
+// (num_bytes 0) where the device keeps nothing.
+inline cudaAccessPolicyWindow l2_window(void* base, const size_t bytes, const int dev, cudaStream_t stream,
+                                        const int claim_permille) {
   static std::mutex lock;
   const std::lock_guard<std::mutex> hold(lock);
   cudaAccessPolicyWindow w = {};
@@ -46,7 +48,8 @@ inline cudaAccessPolicyWindow l2_window(void* base, const size_t bytes, const in
   if (set_aside == 0 || want == 0) return w;
   w.base_ptr = base;
   w.num_bytes = want;
-  w.hitRatio = set_aside >= want ? 1.0f : (float)set_aside / (float)want;
+  const double claim = 1e-3 * (double)claim_permille * (double)set_aside;
+  w.hitRatio = claim >= (double)want ? 1.0f : (float)(claim / (double)want);
   w.hitProp = cudaAccessPropertyPersisting;
   w.missProp = cudaAccessPropertyStreaming;
   return w;
@@ -54,10 +57,13 @@ inline cudaAccessPolicyWindow l2_window(void* base, const size_t bytes, const in
 
 // Launch kernel `fn(a, n0, c0)` over NH heads and `chunks` batch chunks as `l` says, with
 // `threads` threads and `smem` bytes of dynamic shared memory a block, and the L2 window of
-// `l` over a's exchange buffer; `l.grid_x` is checked by the caller. A CUDA error code, or 0.
+// `l` over a's exchange buffer (its persisting lines `claim_permille` thousandths of the
+// set-aside, all of it by default: l2_window); `l.grid_x` is checked by the caller. A CUDA
+// error code, or 0.
 template <typename Args>
 int launch_cooperative(void (*fn)(Args, int, int), const Args& a, const rnncc_launch& l, const int threads,
-                       const size_t smem, const int chunks, SmemLimit& limit, cudaStream_t stream) {
+                       const size_t smem, const int chunks, SmemLimit& limit, cudaStream_t stream,
+                       const int claim_permille = 1000) {
   if (l.threads != threads || (size_t)l.smem != smem || l.grid_y < 1 || l.grid_z < 1 || l.grid_z > chunks)
     return (int)cudaErrorInvalidValue;
   int dev = 0;
@@ -73,7 +79,7 @@ int launch_cooperative(void (*fn)(Args, int, int), const Args& a, const rnncc_la
   }
   if (l.l2_bytes < 0 || l.l2_from < 0 || (l.l2_bytes > 0 && a.xchg == nullptr)) return (int)cudaErrorInvalidValue;
   const cudaAccessPolicyWindow window =
-      l.l2_bytes > 0 ? l2_window(a.xchg + l.l2_from, (size_t)l.l2_bytes, dev, stream) : cudaAccessPolicyWindow{};
+      l.l2_bytes > 0 ? l2_window(a.xchg + l.l2_from, (size_t)l.l2_bytes, dev, stream, claim_permille) : cudaAccessPolicyWindow{};
   for (int n0 = 0; n0 < a.NH; n0 += l.grid_y) {
     for (int c0 = 0; c0 < chunks; c0 += l.grid_z) {
       const int nh = a.NH - n0 < l.grid_y ? a.NH - n0 : l.grid_y;

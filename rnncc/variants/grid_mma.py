@@ -31,6 +31,8 @@ from rnncc.variants.costs import (
     GRID_STEP_US,
     SMEM_BYTES_PER_CLK,
     STREAM_BYTES_PER_US,
+    STREAM_L2_CLAIM_BW,
+    STREAM_L2_CLAIM_FW,
     STREAM_L2_PERSISTING_BYTES,
     STREAM_L2_RESIDENT_BYTES,
     cycles_us,
@@ -398,6 +400,8 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
         ("int", "kD", build["D"]),
         ("int", "kBC", build["batch_chunk"]),
         ("int", "kXWords", build["exchange_words"]),
+        ("int", "kFwL2Claim", build["fw_l2_claim"]),
+        ("int", "kBwL2Claim", build["bw_l2_claim"]),
         ("int", "kGridKernels", len(kernels)),
         ("int", "kGridNT[kGridKernels]", table("n_tiles")),
         ("int", "kGridUW[kGridKernels]", table("unit_tiles")),
@@ -526,6 +530,9 @@ class GridMma(Variant):
             "D": problem.head_dim,
             "batch_chunk": BATCH_CHUNK,
             "exchange_words": exchange_words(problem),
+            # thousandths of L2's persisting set-aside a streaming launch's window claims
+            "fw_l2_claim": round(1000 * STREAM_L2_CLAIM_FW),
+            "bw_l2_claim": round(1000 * STREAM_L2_CLAIM_BW),
             "kernels": _kernel_table(problem, LIBRARY_SMEM, caps, self.kernels),
             **timeline_record(problem),
         }
@@ -596,7 +603,7 @@ class GridMma(Variant):
             if step <= STREAM_L2_RESIDENT_BYTES:  # at the whole L2's rate
                 terms += (("stream", step / (caps.l2_gbs * 1e3)),)
             else:  # the persisting window's part at L2's rate, the rest at the SM's of HBM
-                kept = min(step, STREAM_L2_PERSISTING_BYTES)
+                kept = min(step, STREAM_L2_CLAIM_FW * STREAM_L2_PERSISTING_BYTES)
                 terms += (
                     (
                         "stream",
