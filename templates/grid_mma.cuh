@@ -151,6 +151,13 @@ struct Kernels : MmaCommon<C> {
     constexpr int kSplit = NT == 8 && UW == 1 ? 2 : 1, kNTh = NT / kSplit;
     // n tiles whose h fragments are loaded at once (wide: one, for its 168 registers per thread)
     constexpr int kJ = kNTh < 2 || UW >= 2 ? 1 : 2;
+    // Streaming blocks of several n tiles read each streamed fragment of R once a step for kJS
+    // n tiles (kStreamOnce): the n tiles' products run over the k tiles on chip (kPKT) one n
+    // tile at a time, then over the streamed ones kJS n tiles at a time, kSG tiles' h
+    // fragments loaded at once. Before, each n tile read the whole stream again.
+    constexpr bool kStreamOnce = kGKT > 0 && kNTh >= 2;
+    constexpr int kPKT = kStreamOnce ? kRKT + kSKT : kKT, kJS = 2, kSG = 2;
+    static_assert(!kStreamOnce || (kPKT > 0 && kNTh % kJS == 0), "n tiles in pairs, a k tile on chip");
     // A cell lane's batch rows: 8 jt + 2 c4 + q + qs for q < kQ. Where a narrow block has twice as
     // many warps as n tiles, two cell warps share an n tile, one per row parity qs (kQ = 1): each
     // lane sums and runs the cell for one row rather than two. Measured on the 1 x 768 LSTM forward
@@ -293,12 +300,12 @@ struct Kernels : MmaCommon<C> {
             const unsigned short* const hx = ex.slot(t);
 #pragma unroll 1  // unrolled, ptxas hoists later tiles' loads and spills at NT = 8
             for (int j0 = kNTh * hf; j0 < kNTh * hf + kNTh; j0 += kJ) {
-              uint32_t hb[kJ][kKT][2];
+              uint32_t hb[kJ][kPKT][2];
 #pragma unroll
               for (int j = 0; j < kJ; ++j)
-                rnncc::load_fragments<kKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
-                                                        b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
-              if constexpr (kKT >= kJoinKT) {  // every n tile's first mma waits for all of the loads (rnncc::join)
+                rnncc::load_fragments<kPKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
+                                                         b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
+              if constexpr (kPKT >= kJoinKT) {  // every n tile's first mma waits for all of the loads (rnncc::join)
                 uint32_t all = 0u;
 #pragma unroll
                 for (int j = 0; j < kJ; ++j) all |= rnncc::or_all(hb[j]);
@@ -313,7 +320,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
                   for (int i = 0; i < 4; ++i) acc[m][i] = 0.0f;
 #pragma unroll
-                for (int i = 0; i < kKT; ++i) {
+                for (int i = 0; i < kPKT; ++i) {
                   if (kKT * warp + i < kKTiles) {
 #pragma unroll
                     for (int m = 0; m < kMT; ++m) {
@@ -337,6 +344,52 @@ struct Kernels : MmaCommon<C> {
                     r[32] = make_float2(acc[m][1], acc[m][3]);
                   }
                 }
+              }
+            }
+            if constexpr (kStreamOnce) {  // the streamed k tiles, added to the parts above
+#pragma unroll 1
+              for (int j0 = kNTh * hf; j0 < kNTh * hf + kNTh; j0 += kJS) {
+                float acc[kJS][kMT][4];
+#pragma unroll
+                for (int j = 0; j < kJS; ++j)
+#pragma unroll
+                  for (int m = 0; m < kMT; ++m)
+#pragma unroll
+                    for (int i = 0; i < 4; ++i) acc[j][m][i] = 0.0f;
+#pragma unroll 1
+                for (int g0 = 0; g0 < kGKT; g0 += kSG) {
+                  uint32_t hb[kJS][kSG][2];
+#pragma unroll
+                  for (int j = 0; j < kJS; ++j)
+                    rnncc::load_fragments<kSG, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp + kPKT + g0,
+                                                            c4, b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
+#pragma unroll
+                  for (int g = 0; g < kSG; ++g) {
+                    if (g0 + g < kGKT && kKT * warp + kPKT + g0 + g < kKTiles) {
+#pragma unroll
+                      for (int m = 0; m < kMT; ++m) {
+                        const uint4 v = __ldcg(gst + ((g0 + g) * kMT + m) * 32);
+                        const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+                        for (int j = 0; j < kJS; ++j) rnncc::mma16816<T>(acc[j][m], f, hb[j][g][0], hb[j][g][1]);
+                      }
+                    }
+                  }
+                }
+#pragma unroll
+                for (int j = 0; j < kJS; ++j)
+#pragma unroll
+                  for (int m = 0; m < kMT; ++m) {
+                    Part* const r = red + ((warp * kMT + m) * NT + j0 + j) * 32 * kRowWarps + lane;
+                    if constexpr (kQ == 2) {
+                      const float4 o = r[0];
+                      r[0] = make_float4(o.x + acc[j][m][0], o.y + acc[j][m][1], o.z + acc[j][m][2], o.w + acc[j][m][3]);
+                    } else {
+                      const float2 o0 = r[0], o1 = r[32];
+                      r[0] = make_float2(o0.x + acc[j][m][0], o0.y + acc[j][m][2]);
+                      r[32] = make_float2(o1.x + acc[j][m][1], o1.y + acc[j][m][3]);
+                    }
+                  }
               }
             }
           }
