@@ -802,19 +802,34 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
                 for (int j = 0; j < kMJ; ++j)
                   rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(b0 + 8 * (m0 + j) + g8, 0), kKT * warp + i0, c4, live[j], fb[j]);
+                if (regs) {  // fragments in registers: n tile by n tile (the other order spilled at 768 units)
 #pragma unroll
-                for (int j = 0; j < kMJ; ++j)
+                  for (int j = 0; j < kMJ; ++j)
+#pragma unroll
+                    for (int i = 0; i < kN; ++i) {
+                      if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
+#pragma unroll
+                        for (int ua = 0; ua < kFA; ++ua) {
+                          uint32_t f[kF];
+                          frag(i0 + i, ua, f, true);
+                          rnncc::mma16816<T>(acc[j][ua], f, fb[j][i][0], fb[j][i][1]);
+                        }
+                      }
+                    }
+                } else {  // each loaded fragment (shared memory, or streamed) serves the kMJ n tiles
 #pragma unroll
                   for (int i = 0; i < kN; ++i) {
                     if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
 #pragma unroll
                       for (int ua = 0; ua < kFA; ++ua) {
                         uint32_t f[kF];
-                        frag(i0 + i, ua, f, regs);
-                        rnncc::mma16816<T>(acc[j][ua], f, fb[j][i][0], fb[j][i][1]);
+                        frag(i0 + i, ua, f, false);
+#pragma unroll
+                        for (int j = 0; j < kMJ; ++j) rnncc::mma16816<T>(acc[j][ua], f, fb[j][i][0], fb[j][i][1]);
                       }
                     }
                   }
+                }
               };
               groups(group);
               // C rows g8 and g8 + 8 (units 16 ua + those), columns 2 c4, + 1 (batch rows):
