@@ -325,6 +325,20 @@ def test_plan_explains_the_variant_and_its_launch(capsys) -> None:
     )
 
 
+def test_plan_of_a_streaming_head_names_its_l2_window(capsys) -> None:
+    lstm = REPO / "examples" / "lstm.rnn"
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "4096", "--batch", "4", "--arch", "h100")
+    assert (rc, err) == (0, "")
+    assert out.splitlines()[1].startswith("  variant     grid_stream:")
+    window = [line for line in out.splitlines() if line.startswith("  L2 window")]
+    assert window == [
+        "  L2 window   104857600 B of the streamed R (the buffer's words from 131076) kept in L2 "
+        "across steps (persisting lines: 0.85 of L2's set-aside forward, 0.3 backward)"
+    ]
+    rc, out, err = run(capsys, "plan", lstm, "--hidden", "2048", "--batch", "4", "--arch", "h100")
+    assert rc == 0 and "L2 window" not in out  # R on chip: nothing streamed
+
+
 def test_plan_of_a_sparse_r(capsys) -> None:
     lstm = REPO / "examples" / "lstm.rnn"
     args = ["plan", lstm, "--hidden", "2304", "--batch", "4", "--arch", "h100"]

@@ -119,9 +119,15 @@ class Plan:
                 f"{self.launch.exchange_buffer_words * 4} B for B={p.batch}"
             )
         if self.launch.l2_bytes:
+            fw, bw = self.build.get("fw_l2_claim"), self.build.get("bw_l2_claim")
+            how = (
+                f"persisting lines: {fw / 1000:g} of L2's set-aside forward, {bw / 1000:g} backward"
+                if fw is not None and bw is not None
+                else "persisting"
+            )
             add(
                 f"  L2 window   {self.launch.l2_bytes} B of the streamed R (the buffer's words "
-                f"from {self.launch.l2_from}) kept in L2 across steps (persisting)"
+                f"from {self.launch.l2_from}) kept in L2 across steps ({how})"
             )
         if self.usage:
             usage = ", ".join(f"{n} {u / lim:.0%}" for n, u, lim in self.usage if lim)
