@@ -9,15 +9,29 @@ it in words, with the other variants' best costs or the constraints that rule th
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from rnncc.tiling.hardware import HardwareCaps
 from rnncc.tiling.problem import Problem
-from rnncc.variants import BY_NAME, Cost, KernelLaunch, Launch
+from rnncc.variants import BY_NAME, VARIANTS, Cost, KernelLaunch, Launch, Variant
 
 #: A hardware constraint using this share of its limit or more is reported as binding.
 BINDING_SHARE = 0.9
+
+
+def other_dtypes(problem: Problem, variants: Iterable[Variant] = VARIANTS) -> list[str]:
+    """A line per group of ``variants`` that do not store the problem's dtype: their names
+    and the dtypes they store (so that a plan or an error says why they are not there)."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for v in variants:
+        if problem.dtype not in v.dtypes:
+            groups.setdefault(tuple(v.dtypes), []).append(v.name)
+    return [
+        f"{', '.join(names)}: store {' and '.join(dtypes)} only, not {problem.dtype}"
+        for dtypes, names in groups.items()
+    ]
 
 
 @dataclass(frozen=True)
@@ -144,4 +158,6 @@ class Plan:
                 add(f"  other       {a.variant}: feasible, {a.forward_us:.3f} µs/step forward")
             else:
                 add(f"  other       {a.variant}: ruled out by {', '.join(a.binding)}")
+        for line in other_dtypes(p):
+            add(f"  other       {line}")
         return "\n".join(lines)

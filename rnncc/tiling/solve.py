@@ -20,7 +20,7 @@ import constraint
 
 from rnncc.errors import TilingError
 from rnncc.tiling.hardware import HardwareCaps
-from rnncc.tiling.plan import Alternative, Plan
+from rnncc.tiling.plan import Alternative, Plan, other_dtypes
 from rnncc.tiling.problem import Problem
 from rnncc.variants import VARIANTS, Variant
 
@@ -138,4 +138,6 @@ def infeasible(
         docs = {c.name: c.doc for c in v.constraints}
         lines.append(f"  {v.name}: ruled out by")
         lines += [f"    {n}: {docs[n]}" for n in diagnose(v, problem, caps)]
+    if runs:
+        lines += [f"  {line}" for line in other_dtypes(problem, variants)]
     return TilingError("\n".join(lines))

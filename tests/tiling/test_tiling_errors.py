@@ -85,6 +85,10 @@ def test_fp32_past_64_has_no_fused_variant(
     # threads, (65 × 8 + 8 × 260) × 4 B forward and (65 × 8 × 4 + 8 × 260) × 4 B backward.
     assert _ruled_out(message) == {"block_ffma": ["r_row_fits_registers"]}
     assert "head dim ≤ 64" in message
+    # and why the tensor-core variants are not among them
+    assert message.endswith(
+        "\n  block_mma, grid_mma, grid_stream, grid_sparse: store fp16 and bf16 only, not fp32"
+    )
     assert solve(problem("lstm", 1, 64, dtype="fp32"), h100, FUSED).variant == "block_ffma"
 
 
@@ -103,3 +107,9 @@ def test_stepwise_runs_what_no_fused_variant_does(
     assert "  other       grid_mma: ruled out by partial_sums_fit_shared_memory" in text
     assert "  other       grid_stream: ruled out by head_blocks_co_resident" in text
     assert "  other       block_mma: ruled out by block_warps, r_fragments_fit_registers" in text
+    assert text.endswith("\n  other       block_ffma: store fp32 only, not bf16")
+    fp32 = solve(problem("lstm", 1, 768, dtype="fp32"), h100).explain().splitlines()
+    assert fp32[-1] == (
+        "  other       block_mma, grid_mma, grid_stream, grid_sparse: store fp16 and bf16 only, "
+        "not fp32"
+    )
