@@ -60,8 +60,7 @@ inline cudaAccessPolicyWindow l2_window(void* base, const size_t bytes, const in
 // discard.global.L2 (no write-back: the region is the streamed copy of R, which each launch
 // writes before it reads it). Persisting lines stay until something evicts or resets them
 // (CUDA's programming guide); left there, they would keep the set-aside (up to 37.5 MiB of an
-// H100's 50 MB) from the process's other kernels. Cost on an H100: within the noise of the
-// 4096-unit LSTM's forward (34.8 -> 35.0 ms at B = 4).
+// H100's 50 MB) from the process's other kernels.
 template <int kThreads = 256>
 __global__ void __launch_bounds__(kThreads) l2_release(char* base, const size_t bytes) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800

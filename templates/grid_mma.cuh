@@ -154,9 +154,8 @@ struct Kernels : MmaCommon<C> {
     // Streaming blocks of several n tiles read each streamed fragment of R once a step for kJS
     // n tiles (kStreamOnce): the n tiles' products run over the k tiles on chip (kPKT) one n
     // tile at a time, then over the streamed ones kJS n tiles at a time, kSG tiles' h
-    // fragments loaded at once. Before, each n tile read the whole stream again. (kSG 4 rather
-    // than 2: 3.5-4 % less time at B = 16. At one n tile the same loop was slower than the
-    // unrolled one: 4096 units B = 4 +1-2 %, 3072 +12-15 %, H100.)
+    // fragments loaded at once, so that the stream is read once a step for them. One n tile
+    // keeps the unrolled product over all k tiles: this loop was slower there.
     constexpr bool kStreamOnce = kGKT > 0 && kNTh >= 2;
     constexpr int kPKT = kStreamOnce ? kRKT + kSKT : kKT, kJS = 2, kSG = 4;
     static_assert(!kStreamOnce || (kPKT > 0 && kNTh % kJS == 0), "n tiles in pairs, a k tile on chip");
@@ -540,11 +539,8 @@ struct Kernels : MmaCommon<C> {
     auto slot = [&](const int i, const int ua) { return ((i - kRKT) * kFA + ua) * 32; };
     // A warp's streamed tiles [g0, g1) into L2 by one bulk prefetch, a group (kBwGroup tiles)
     // ahead of their loads: before a step's wait the first group, then at each group of the
-    // store's tiles the next. Measured on an H100 (LSTM, B = 4, T = 1024, bf16, A/B in one run):
-    // the backward kernel 3072 units 35.8 -> 28.2-28.6 ms, 4096 units 59.1 -> 49.2-50.6 (at any
-    // claim of the L2 window from 0 to 0.5 of the set-aside; without the prefetches, at hit
-    // ratios 0.2-0.3, 38.6-38.8 and 57.9-58.0). Not in the forward: there it lost at every distance
-    // tried (one to four 4 KB tiles ahead: 3072 units 14.7 -> 18.6-19.4 ms, 4096 35.8 -> 37.7-49.2).
+    // store's tiles the next, so that the product's loads, which wait behind its mmas, find
+    // them in L2 rather than HBM. The forward has none: there the prefetches made it slower.
     constexpr int kStreamTile = kFA * 32 * 16;
     constexpr int kStreamAhead = kBwGroup;
     auto stream_ahead = [&](int g0, const int g1) {
