@@ -455,6 +455,7 @@ def test_fused_backend_names_the_constraints_it_hits(monkeypatch) -> None:
         "B=16, fp32 on NVIDIA H100 SXM (132 SMs)",
         "  block_ffma: ruled out by",
         "    r_row_fits_registers: a thread holds one row of R as float: head dim ≤ 64",
+        "  block_mma, grid_mma, grid_stream, grid_sparse: store fp16 and bf16 only, not fp32",
         "use backend='stepwise' (or 'auto')",
     ]
     assert cell._choose("fused", _cuda_like(), _sizes(16, 1, 2048)).variant == "grid_mma"
