@@ -319,36 +319,45 @@ struct MmaKernels {
     return weight_bytes(I, D) + 2 * (size_t)kChunk * (stride(I) + stride(D)) + sizeof(float) * (size_t)Base::kRows * kChunk;
   }
 
-  // Copy `rows` rows of K values into `dst` (rows of Ks; row r from row_at(r), null: zeros),
-  // zeros past K. Where `vec` (every row 16-byte aligned): on sm_90 and newer one bulk copy a
-  // row (lane 0 issues it, counted on the mbarrier `bar`) and the zeros stored, else 16-byte
-  // cp.async; otherwise element by element. A warp per row, its lanes along it. `any`: a
-  // readable address (row 0's), the source of cp.async's zero-filling copies. A bulk copy is
-  // one instruction a row where cp.async is one per 16 bytes a lane.
+  // Copy `rows` rows of K values into `dst` (rows of Ks; row r from row_at(r), null: none),
+  // zeros past K. Where `vec` (every row 16-byte aligned), on sm_90 and newer: one bulk copy a
+  // row, issued by thread (warp r % kWarps, lane r / kWarps) so that every warp issues a few
+  // and computes their addresses in parallel; `bytes` grows by the thread's (the warp's sum is
+  // announced on `bar` at its arrival). A null row is left as it is: its sums (a weight row's
+  // gate or unit past the block's, an x or h row's batch row past the batch) are never read,
+  // and the MMA keeps every row of A and column of B to its own sums. Else, a warp per row,
+  // its lanes along it: 16-byte cp.async where `vec` (`any`: a readable address, the source of
+  // the zero-filling copies), element by element otherwise, zeros in null rows.
   template <typename T, int kRowsOf, class RowAt>
   static __device__ __forceinline__ void stage(unsigned short* dst, const int K, const bool vec, const T* any,
-                                               [[maybe_unused]] const unsigned bar, RowAt row_at) {
+                                               [[maybe_unused]] const unsigned bar, [[maybe_unused]] unsigned& bytes,
+                                               RowAt row_at) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, Ks = stride(K), chunks = (K + 15) / 16 * 2;
     __builtin_assume(warp < kWarps);  // row warp + kWarps i: its gate and unit fold (kUnits == kWarps)
     const unsigned base = (unsigned)__cvta_generic_to_shared(dst);
+#if RNNCC_BULK_COPY
+    if (vec) {
+      static_assert(kRowsOf <= kThreads, "a row a thread");
+      const int r = warp + kWarps * lane;
+      const unsigned short* const src = r < kRowsOf ? reinterpret_cast<const unsigned short*>(row_at(r)) : nullptr;
+      if (src != nullptr) {
+        bulk_copy(base + 2 * r * Ks, src, 2 * K, bar);
+        bytes += 2 * K;
+        if (K % 16 != 0) *reinterpret_cast<uint4*>(dst + r * Ks + K) = make_uint4(0u, 0u, 0u, 0u);  // K + 8 .. 16
+      }
+      return;
+    }
+#endif
 #pragma unroll
     for (int i = 0; i < (kRowsOf + kWarps - 1) / kWarps; ++i) {
       const int r = warp + kWarps * i;
       if (kRowsOf % kWarps != 0 && r >= kRowsOf) break;
       const unsigned short* const src = reinterpret_cast<const unsigned short*>(row_at(r));
       if (vec) {
-#if RNNCC_BULK_COPY
-        if (src != nullptr && lane == 0) bulk_copy(base + 2 * r * Ks, src, 2 * K, bar);
-        if (src == nullptr || K % 16 != 0) {  // zeros: the whole row, or the last 8 values
-          for (int j = (src != nullptr ? K / 8 : 0) + lane; j < chunks; j += 32)
-            *reinterpret_cast<uint4*>(dst + r * Ks + 8 * j) = make_uint4(0u, 0u, 0u, 0u);
-        }
-#else
         for (int j = lane; j < chunks; j += 32) {
           const bool ok = src != nullptr && 8 * j < K;
           cp_async<16>(base + 2 * (r * Ks + 8 * j), ok ? static_cast<const void*>(src + 8 * j) : any, ok);
         }
-#endif
       } else {
         for (int k = lane; k < 8 * chunks; k += 32) dst[r * Ks + k] = src != nullptr && k < K ? src[k] : 0;
       }
@@ -405,14 +414,14 @@ struct MmaKernels {
     __syncthreads();
 #endif
 
-    // Every copy at once: the weights (zeros past the part's gates and the head; before the
-    // wait for the kernel before this one where that kernel writes neither), the chunk's x
-    // and h (zeros past the batch).
+    // Every copy at once: the weights (before the wait for the kernel before this one where
+    // that kernel writes neither), the chunk's x and h.
+    unsigned bytes = 0;  // this thread's bulk copies'
     if (!a.weights_first) dependency_wait();
     if (kMx > 0 && a.x != nullptr) {
       const T* const w = static_cast<const T*>(a.W) + ((long long)n * D + u0) * I;
       const bool vec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-      stage<T, 16 * kMx>(wx_rows, I, vec, w, bar, [&](const int r) -> const T* {
+      stage<T, 16 * kMx>(wx_rows, I, vec, w, bar, bytes, [&](const int r) -> const T* {
         const int q = r / kUnits, u = r % kUnits;
         return q < kGx && u0 + u < D ? w + ((long long)q * NHD + u) * I : nullptr;
       });
@@ -420,7 +429,7 @@ struct MmaKernels {
     if (kMr > 0) {
       const T* const w = static_cast<const T*>(a.R) + ((long long)n * D + u0) * D;
       const bool vec = D % 8 == 0 && (reinterpret_cast<uintptr_t>(w) & 15) == 0;
-      stage<T, 16 * kMr>(wr_rows, D, vec, w, bar, [&](const int r) -> const T* {
+      stage<T, 16 * kMr>(wr_rows, D, vec, w, bar, bytes, [&](const int r) -> const T* {
         const int q = r / kUnits, u = r % kUnits;
         return q < kGr && u0 + u < D ? w + ((long long)q * NHD + u) * D : nullptr;
       });
@@ -430,16 +439,17 @@ struct MmaKernels {
     if (kMx > 0 && a.x != nullptr) {
       const T* const x = static_cast<const T*>(a.x);
       const bool xvec = I % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0;
-      stage<T, kChunk>(xs, I, xvec, x, bar, [&](const int b) -> const T* {
+      stage<T, kChunk>(xs, I, xvec, x, bar, bytes, [&](const int b) -> const T* {
         return b0 + b < a.B ? x + (long long)(b0 + b) * I : nullptr;
       });
     }
     const T* const h = static_cast<const T*>(a.states) + kRec * a.states_stride + (long long)n * D;
     const bool hvec = D % 8 == 0 && NHD % 8 == 0 && (reinterpret_cast<uintptr_t>(h) & 15) == 0;
-    stage<T, kChunk>(hs, D, hvec, h, bar,
+    stage<T, kChunk>(hs, D, hvec, h, bar, bytes,
              [&](const int b) -> const T* { return b0 + b < a.B ? h + (long long)(b0 + b) * NHD : nullptr; });
 #if RNNCC_BULK_COPY
-    if (lane == 0) mbar_arrive(bar);  // after the warp's bulk copies are announced
+    bytes = __reduce_add_sync(0xffffffffu, bytes);
+    if (lane == 0) mbar_arrive_expect(bar, bytes);  // the warp's arrival
 #else
     cp_async_commit();
 #endif

@@ -138,19 +138,20 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
 }
 
-// Bulk copies global -> shared through the copy engine (sm_90 and newer): bulk_copy announces
-// `bytes` (a multiple of 16; both addresses 16-byte aligned) on the mbarrier at the shared
-// address `bar` (expect_tx) and issues one copy, which counts them off as they land. A phase
-// of the barrier ends once its arrivals are in and every announced byte has landed, so a
-// thread's copies are issued before the arrival that stands for it.
+// Bulk copies global -> shared through the copy engine (sm_90 and newer): bulk_copy issues one
+// copy of `bytes` (a multiple of 16; both addresses 16-byte aligned), which counts them off the
+// mbarrier at the shared address `bar` as they land; mbar_arrive_expect announces bytes on it
+// (expect_tx) and arrives. A phase of the barrier ends once its arrivals are in and as many
+// bytes have landed as were announced: the count may run below zero while copies land before
+// their announcement, and the phase cannot end before the last arrival.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define RNNCC_BULK_COPY 1
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned arrivals) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(arrivals) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");  // seen by the copy engine
 }
-__device__ __forceinline__ void mbar_arrive(unsigned bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
+__device__ __forceinline__ void mbar_arrive_expect(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   unsigned done = 0;
@@ -163,7 +164,6 @@ __device__ __forceinline__ void mbar_wait(unsigned bar, unsigned parity) {
   } while (!done);
 }
 __device__ __forceinline__ void bulk_copy(unsigned dst, const void* src, unsigned bytes, unsigned bar) {
-  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(dst),
                "l"(src), "r"(bytes), "r"(bar)
                : "memory");
