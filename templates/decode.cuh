@@ -117,7 +117,8 @@ struct Kernels {
   static_assert(kUnits * kChunk <= kThreads, "a thread per (unit, batch row) of the block");
   static constexpr int kGb = C::kGb, kP = C::kP;
 
-  // Thread t's element of the cell, unit u0 + t / kChunk and batch row b0 + t % kChunk, and
+  // Thread t's element of the cell, unit u0 + t % kUnits and batch row b0 + t / kUnits (a
+  // batch row's units side by side: their states are read and written together), and
   // what the cell reads of it besides the sums, loaded at the start (their latency hides
   // behind the weights'): the old states, W x (given) or the projection's bias, b, params.
   struct Element {
@@ -128,8 +129,8 @@ struct Kernels {
 
     template <typename T>
     __device__ __forceinline__ void load(const rnncc_decode_args& a, const int u0, const int n, const int b0) {
-      u = threadIdx.x / kChunk;
-      b = threadIdx.x % kChunk;
+      u = threadIdx.x % kUnits;
+      b = threadIdx.x / kUnits;
       gb = b0 + b;
       hd = (long long)n * a.D + u0 + u;
       live = threadIdx.x < kUnits * kChunk && u0 + u < a.D && gb < a.B;
