@@ -20,8 +20,9 @@ pytestmark = pytest.mark.gpu
 
 #: (B, NH, D): batch chunks of 4 and of 16 rows (and a second chunk), a head dim that is not
 #: a multiple of 8 (the kernel's element-wise loads), one that is of 8 but not of 16 (bulk
-#: copies of rows whose last k tile the kernel pads with zeros).
-SIZES = [(1, 2, 48), (5, 1, 20), (17, 2, 64), (3, 1, 40)]
+#: copies of rows whose last k tile the kernel pads with zeros), in a chunk of 8 rows and in
+#: a partial one of 16.
+SIZES = [(1, 2, 48), (5, 1, 20), (17, 2, 64), (3, 1, 40), (12, 1, 40)]
 NAMES = [p.stem for p in EXAMPLES]
 
 
