@@ -7,6 +7,8 @@ layers. Two figures per system, per step (``fw_ms``, the ``note`` says which):
 - graph: a decoding loop captured in one CUDA graph and replayed, each step's input computed
   from the last output (x_{t+1} = out_t W, a 768 × 768 product inside the loop), per step.
 
+Each figure is the median of 7 rounds; a round times a configuration's systems in turn.
+
     python benchmarks/step_speed.py --out benchmarks/results/step-speed-h100-DATE.json
 """
 
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -22,26 +25,31 @@ import torch
 import rnncc
 from rnncc.bench.records import Record, machine_info, write_results
 
-H, CALLS, GRAPH_STEPS, REPEATS = 768, 300, 64, 5
+H, CALLS, GRAPH_STEPS, REPEATS, WARMUP = 768, 300, 64, 7, 50
 
 
-def eager_ms(fn) -> float:
-    """Median over REPEATS of the wall time per call of CALLS calls back to back."""
-    for _ in range(20):
-        fn()
-    runs = []
-    for _ in range(REPEATS):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(CALLS):
+def per_call_ms(fns: list[Callable[[], object]]) -> list[float]:
+    """Per function, the median over REPEATS rounds of the wall time per call of CALLS calls
+    back to back. Each round times the functions in turn, so that a slow spell of the host
+    (these calls are host-bound) falls on all of them alike, not on whichever ran first."""
+    for fn in fns:
+        for _ in range(WARMUP):
             fn()
-        torch.cuda.synchronize()
-        runs.append((time.perf_counter() - t0) / CALLS * 1e3)
-    return statistics.median(runs)
+    runs: list[list[float]] = [[] for _ in fns]
+    for _ in range(REPEATS):
+        for fn, run in zip(fns, runs, strict=True):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(CALLS):
+                fn()
+            torch.cuda.synchronize()
+            run.append((time.perf_counter() - t0) / CALLS * 1e3)
+    return [statistics.median(run) for run in runs]
 
 
-def graph_ms(step) -> float:
-    """Per step of GRAPH_STEPS calls of ``step(t)`` captured in one CUDA graph, replayed."""
+def captured(step: Callable[[int], None]) -> torch.cuda.CUDAGraph:
+    """GRAPH_STEPS calls of ``step(t)`` captured in one CUDA graph (after two on a side
+    stream, as capture requires)."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -53,7 +61,7 @@ def graph_ms(step) -> float:
         for t in range(GRAPH_STEPS):
             step(t)
     graph.replay()
-    return eager_ms(graph.replay) / GRAPH_STEPS
+    return graph
 
 
 def systems(B: int, layers: int):
@@ -113,8 +121,12 @@ def main() -> None:
     with torch.no_grad():
         for layers in (1, 2):
             for B in (1, 16):
-                for name, dtype, call, step in systems(B, layers):
-                    for how, ms in (("eager", eager_ms(call)), ("graph", graph_ms(step))):
+                found = systems(B, layers)
+                eager = per_call_ms([call for _, _, call, _ in found])
+                graphs = [captured(step) for _, _, _, step in found]
+                graph = [ms / GRAPH_STEPS for ms in per_call_ms([g.replay for g in graphs])]
+                for (name, dtype, _, _), times in zip(found, zip(eager, graph), strict=True):
+                    for how, ms in zip(("eager", "graph"), times, strict=True):
                         note = f"{layers} layer{'s' if layers > 1 else ''}, {how}: " + (
                             "wall time per call from Python"
                             if how == "eager"
