@@ -423,38 +423,38 @@ void* at_offset(const at::Tensor& t, int64_t offset) {
 // One decoding step of a unidirectional stack (rnncc.RNN.step), a launch per layer (rnncc_abi.h:
 // rnncc_decode): layer l reads states[:, l] and writes new_states[:, l] ([S, L, B, H], stack_view),
 // from x [B, I] (the first layer) or the layer below's output: its new state `first` for a
-// one-output cell, else its outputs [O, B, NH, D] as [B, O H]; dropout p between layers where
-// p > 0. The top layer's outputs go to y [B, O H]. W, Wb, R, b, params: a layer's each, as
-// decode takes them. The Python side checked shapes and dtypes; one call from Python for the
-// whole stack (the host's time, not the GPU's, bounds a step).
-void decode_stack(const c10::optional<at::Tensor>& x_, const c10::List<c10::optional<at::Tensor>>& W,
-                  const c10::List<c10::optional<at::Tensor>>& Wb, const c10::List<c10::optional<at::Tensor>>& R,
-                  const c10::List<c10::optional<at::Tensor>>& b, const c10::List<c10::optional<at::Tensor>>& params,
-                  const at::Tensor& states, int64_t fn, at::IntArrayRef dims, int64_t heads, int64_t first, double p,
+// one-output cell, else its outputs [O, B, NH, D] as [B, O H] (O: `outputs`); dropout p between
+// layers where p > 0. The top layer's outputs go to y [B, O H]. `weights`: layer by layer, those
+// of a layer's (W, Wb, R, b, params) that bit 0, 1, ... of `present` marks (the same for every
+// layer), as decode takes them. The Python side checked shapes and dtypes; one call from Python
+// for the whole stack (the host's time, not the GPU's, bounds a step), its arguments a flat list
+// and integers: lists of optional tensors and integer lists took the dispatcher twice as long.
+void decode_stack(const c10::optional<at::Tensor>& x_, at::TensorList weights, int64_t present,
+                  const at::Tensor& states, int64_t fn, int64_t outputs, int64_t heads, int64_t first, double p,
                   const at::Tensor& y, const at::Tensor& new_states) {
-  const Dims k(dims);
   c10::cuda::CUDAGuard guard(new_states.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   TORCH_CHECK(stack_view(states) && stack_view(new_states) && states.sizes() == new_states.sizes(),
               "rnncc decode_stack: states and new_states must be [S, L, B, H] with (B, H) contiguous");
   const int64_t L = new_states.size(1), B = new_states.size(2), H = new_states.size(3);
-  TORCH_CHECK(heads > 0 && H % heads == 0 && (int64_t)W.size() == L && (int64_t)Wb.size() == L &&
-                  (int64_t)R.size() == L && (int64_t)b.size() == L && (int64_t)params.size() == L,
-              "rnncc decode_stack: one W, Wb, R, b and params per layer, and heads dividing H");
-  TORCH_CHECK(y.is_contiguous() && y.numel() == B * k.O * H, "rnncc decode_stack: y must be a contiguous [B, O H]");
+  const int64_t per = __builtin_popcountll(present & 31), O = outputs;
+  TORCH_CHECK(heads > 0 && H % heads == 0 && present >= 0 && present < 32 && (int64_t)weights.size() == L * per,
+              "rnncc decode_stack: the present ones of W, Wb, R, b and params for each layer, and heads dividing H");
+  TORCH_CHECK(y.is_contiguous() && y.numel() == B * O * H, "rnncc decode_stack: y must be a contiguous [B, O H]");
   TORCH_CHECK(!overlaps(new_states, states) && !overlaps(y, states),
               "rnncc decode_stack: the new states and outputs must not overlap the states they are computed from");
   at::Tensor h = opt(x_), outs;  // a layer's input; the layer's outputs (more than one)
   for (int64_t l = 0; l < L; ++l) {
     if (l > 0) {
-      h = k.O == 1 ? new_states.select(0, first).select(0, l - 1)
-                   : outs.permute({1, 0, 2, 3}).reshape({B, k.O * H});
+      h = O == 1 ? new_states.select(0, first).select(0, l - 1) : outs.permute({1, 0, 2, 3}).reshape({B, O * H});
       if (p > 0) h = at::dropout(h, p, true);
     }
     const bool top = l == L - 1;
-    if (k.O > 1) outs = at::empty({k.O, B, heads, H / heads}, new_states.options());
-    const at::Tensor Wl = opt(W.get(l)), Wbl = opt(Wb.get(l)), Rl = opt(R.get(l)), bl = opt(b.get(l)),
-                     Pl = opt(params.get(l));
+    if (O > 1) outs = at::empty({O, B, heads, H / heads}, new_states.options());
+    at::Tensor part[5];  // W, Wb, R, b, params; undefined where absent
+    for (int64_t j = 0, i = l * per; j < 5; ++j)
+      if (present >> j & 1) part[j] = weights[i++].contiguous();
+    const at::Tensor &Wl = part[0], &Wbl = part[1], &Rl = part[2], &bl = part[3], &Pl = part[4];
     rnncc_decode_args a{};
     a.B = B; a.NH = heads; a.D = H / heads;
     a.I = Wl.defined() ? h.size(1) : 0;
@@ -462,7 +462,7 @@ void decode_stack(const c10::optional<at::Tensor>& x_, const c10::List<c10::opti
     a.x = Wl.defined() ? cptr(h) : nullptr; a.W = cptr(Wl); a.Wb = cptr(Wbl); a.Wx = nullptr;
     a.R = cptr(Rl); a.bias = cptr(bl); a.params = cptr(Pl);
     a.states = at_offset(states, l * states.stride(1)); a.states_stride = states.stride(0);
-    a.y = k.O > 1 ? outs.data_ptr() : top ? y.data_ptr() : nullptr;
+    a.y = O > 1 ? outs.data_ptr() : top ? y.data_ptr() : nullptr;
     a.new_states = at_offset(new_states, l * new_states.stride(1));
     a.new_states_stride = new_states.stride(0);
     a.weights_first = l > 0;  // after the layer below's kernel (or its dropout, or its outputs' copy)
@@ -470,7 +470,7 @@ void decode_stack(const c10::optional<at::Tensor>& x_, const c10::List<c10::opti
     TORCH_CHECK(err == 0, "rnncc decode_stack: launching the step kernel of layer ", l, " failed: ",
                 cudaGetErrorString(static_cast<cudaError_t>(err)));
   }
-  if (k.O > 1) y.view({B, k.O * H}).copy_(outs.permute({1, 0, 2, 3}).reshape({B, k.O * H}));
+  if (O > 1) y.view({B, O * H}).copy_(outs.permute({1, 0, 2, 3}).reshape({B, O * H}));
 }
 
 }  // namespace
@@ -494,8 +494,8 @@ TORCH_LIBRARY(rnncc_host, m) {
       "decode(Tensor? x, Tensor? W, Tensor? Wb, Tensor? Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
       "int fn, int[] dims, Tensor(a!)? y, Tensor(b!) new_states) -> ()");
   m.def(
-      "decode_stack(Tensor? x, Tensor?[] W, Tensor?[] Wb, Tensor?[] R, Tensor?[] b, Tensor?[] params, "
-      "Tensor states, int fn, int[] dims, int heads, int first, float dropout, Tensor(a!) y, Tensor(b!) new_states) -> ()");
+      "decode_stack(Tensor? x, Tensor[] weights, int present, Tensor states, int fn, int outputs, int heads, "
+      "int first, float dropout, Tensor(a!) y, Tensor(b!) new_states) -> ()");
   m.def("abi_version() -> int", []() -> int64_t { return RNNCC_ABI_VERSION; });
 }
 

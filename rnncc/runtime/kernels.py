@@ -206,7 +206,8 @@ class KernelOps:
     def decode_stack(
         self,
         x: Tensor | None,
-        weights: tuple[list[Tensor | None], ...],
+        weights: list[Tensor],
+        present: int,
         states: Tensor,
         heads: int,
         first: int,
@@ -219,22 +220,19 @@ class KernelOps:
         H]``, each ``(B, H)`` slice contiguous; ``states`` may repeat one layer's, stride 0),
         from ``x`` ``[B, I]`` (the first layer) or the output of the layer below (its new state
         ``first`` for a one-output cell, else its outputs as ``[B, O·H]``), dropout ``dropout``
-        between layers; the top layer's outputs into ``y`` ``[B, O·H]``. ``weights``: the
-        layers' ``(W, Wb, R, b, params)`` as five lists, as ``decode`` takes each. Inputs
-        checked by the caller, no autograd (rnncc_abi.h: rnncc_decode)."""
+        between layers; the top layer's outputs into ``y`` ``[B, O·H]``. ``weights``: layer by
+        layer, those of the layer's ``(W, Wb, R, b, params)`` (as ``decode`` takes each) that
+        bit 0, 1, ... of ``present`` marks, the same for every layer. Inputs checked by the
+        caller, no autograd (rnncc_abi.h: rnncc_decode)."""
         if self._decode_fn is None:
             raise RuntimeError(f"rnncc: the {self.build['variant']} library has no decoding step")
-        W, Wb, R, b, params = weights
         _decode_stack_op()(
             x,
-            W,
-            Wb,
-            R,
-            b,
-            params,
+            weights,
+            present,
             states,
             self._decode_fn,
-            self._dims,
+            self._dims[1],
             heads,
             first,
             dropout,

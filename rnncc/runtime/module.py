@@ -511,13 +511,21 @@ class RNN(nn.Module):
             out_t, new = check_out(
                 out, ((B, O * H), (S, L, B, H)), kw, "[B, O·hidden_size], [S, L, B, H]"
             )
-        weights: tuple[list[torch.Tensor | None], ...] = ([], [], [], [], [])
+        weights: list[torch.Tensor] = []  # the present ones, layer by layer
+        present = -1  # which of (W, Wb, R, b, params) a layer has: bit 0, 1, ...
         for w in self._cell_weights():
-            for part, t in zip(weights, w.decoding(ctype), strict=True):
-                part.append(t)
+            has = 0
+            for bit, t in enumerate(w.decoding(ctype)):
+                if t is not None:
+                    weights.append(t)
+                    has |= 1 << bit
+            if present not in (-1, has):
+                raise RuntimeError("rnncc: the layers of a stack hold different weights")
+            present = has
         cell._decoder(device).decode_stack(
             h,
             weights,
+            present,
             init,
             NH,
             first,

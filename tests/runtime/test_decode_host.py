@@ -160,12 +160,13 @@ class ReferenceDecoder:
         if y is not None:
             y.copy_(y_t)
 
-    def decode_stack(self, x, weights, states, heads, first, dropout, y, new_states) -> None:
+    def decode_stack(self, x, weights, present, states, heads, first, dropout, y, new_states) -> None:
         """The host library's decode_stack (templates/stepwise_host.cpp), layer by layer."""
         S, L, B_, H_ = new_states.shape
         assert states.shape == new_states.shape and states.stride()[2:] == (H_, 1)
         assert new_states.stride()[2:] == (H_, 1) and y.is_contiguous()
-        assert all(len(part) == L for part in weights) and dropout == 0.0
+        per = bin(present).count("1")
+        assert 0 < present < 32 and len(weights) == L * per and dropout == 0.0
         O, D = y.shape[1] // H_, H_ // heads
         h, outs = x, None
         for layer in range(L):
@@ -175,7 +176,8 @@ class ReferenceDecoder:
                     if O == 1
                     else outs.permute(1, 0, 2, 3).reshape(B_, -1)
                 )
-            W, Wb, R, b, params = (part[layer] for part in weights)
+            mine = iter(weights[layer * per : (layer + 1) * per])
+            W, Wb, R, b, params = (next(mine) if present >> i & 1 else None for i in range(5))
             outs = torch.empty(O, B_, heads, D, dtype=y.dtype)
             self.decode(
                 None if W is None else h,
