@@ -160,7 +160,9 @@ class ReferenceDecoder:
         if y is not None:
             y.copy_(y_t)
 
-    def decode_stack(self, x, weights, present, states, heads, first, dropout, y, new_states) -> None:
+    def decode_stack(
+        self, x, weights, present, states, heads, first, dropout, y, new_states
+    ) -> None:
         """The host library's decode_stack (templates/stepwise_host.cpp), layer by layer."""
         S, L, B_, H_ = new_states.shape
         assert states.shape == new_states.shape and states.stride()[2:] == (H_, 1)
