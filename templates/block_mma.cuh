@@ -369,9 +369,9 @@ struct Kernels : MmaCommon<C> {
 
   // The backward's outputs of a step go the other way, from shared memory, where the lanes put
   // them (a lane's two units of one batch row), to global memory in whole pieces of a row, so
-  // that a warp's stores cover adjacent bytes: stored by the lanes, each store of a warp touched
-  // eight rows (12 x 64 LSTM on an H100: 500 of the 1211 ns of a step went to the dWx and dGr
-  // stores). The copies of one output: kParts parts x kBC rows of kLen bytes, from kSrcRow bytes
+  // that a warp's stores cover adjacent bytes: stored by the lanes, each store of a warp would
+  // touch eight rows, and the dWx and dGr stores would take a large part of a step. The copies
+  // of one output: kParts parts x kBC rows of kLen bytes, from kSrcRow bytes
   // apart in a buffer (a part kSrcPart bytes on), to rows of global memory, with their addresses
   // worked out once; a step adds its offset.
   // kTimed: the output is at a row's positions (dWx; kTimeline), not at the step.

@@ -144,10 +144,8 @@ struct Kernels : MmaCommon<C> {
     uint4* const fst = reinterpret_cast<uint4*>(smem);
     // The chunk's n tiles in kSplit parts, each a recurrence of its own (its own counter): while
     // one part's h crosses the exchange, the block runs the other's product and cell. Each part
-    // costs a wait of its own, so this pays only where the product is long: measured on the
-    // 1 x 768 LSTM forward kernel (H100, A/B in one run, µs per step), two parts took 5.6-5.7
-    // instead of 6.2 at B = 64 (NT = 8), but 3.9 instead of 2.5 at B = 16 (NT = 2) and 4.4
-    // instead of 3.4 at B = 32 (NT = 4); four parts at B = 64, 8.1.
+    // costs a wait of its own, so this pays only where the product is long: two parts of a
+    // narrow block's 8 n tiles (fewer n tiles, or more parts, lose more to the waits).
     constexpr int kSplit = NT == 8 && UW == 1 ? 2 : 1, kNTh = NT / kSplit;
     // n tiles whose h fragments are loaded at once (wide: one, for its 168 registers per thread)
     constexpr int kJ = kNTh < 2 || UW >= 2 ? 1 : 2;
@@ -161,11 +159,9 @@ struct Kernels : MmaCommon<C> {
     static_assert(!kStreamOnce || (kPKT > 0 && kNTh % kJS == 0), "n tiles in pairs, a k tile on chip");
     // A cell lane's batch rows: 8 jt + 2 c4 + q + qs for q < kQ. Where a narrow block has twice as
     // many warps as n tiles, two cell warps share an n tile, one per row parity qs (kQ = 1): each
-    // lane sums and runs the cell for one row rather than two. Measured on the 1 x 768 LSTM forward
-    // kernel (H100, bf16, T = 1024, A/B in one run): 1.77-1.81 ms instead of 1.89-1.94 at B = 8
-    // (narrow, NT = 1). Not on wide blocks: at NT = 1 (B = 16) it gained nothing (1.86-1.87 ms
-    // against 1.85-1.90), at NT = 2 (B = 32) it lost (3.05-3.08 against 2.67-2.71), and ptxas
-    // spilled in both within their 168 registers per thread.
+    // lane sums and runs the cell for one row rather than two, which shortens a narrow block's
+    // step. Not on wide blocks: there it gains nothing or loses, and their 168 registers per
+    // thread do not hold it.
     constexpr int kQ = UW == 1 && 2 * NT <= kWarps ? 1 : 2;
     constexpr int kRowWarps = 2 / kQ;  // cell warps per (unit tile, n tile), one per row parity
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -224,8 +220,8 @@ struct Kernels : MmaCommon<C> {
         }
       }
     };
-    // The store's tiles in a loop: unrolled with the registers' ones, ptxas hoisted their loads
-    // and spilled (as the backward's).
+    // The store's tiles in a loop: unrolled with the registers' ones, ptxas hoists their loads
+    // and runs out of registers (as in the backward).
 #pragma unroll
     for (int i = 0; i < kRKT; ++i) fill(i);
 #pragma unroll 1
@@ -235,8 +231,8 @@ struct Kernels : MmaCommon<C> {
     float pv[kP > 0 ? kP : 1][2];
     float bv[kGb > 0 ? kGb : 1][2];
     // The lengths of the block's rows (kTimeline), in shared memory rather than registers: the
-    // wide kernels have no registers to spare (kept in registers or read from global memory
-    // where used, they spilled 4 to 52 bytes).
+    // wide kernels have no registers to spare (kept in registers, or read from global memory
+    // where used, they spill).
     __shared__ int lsm[kTimeline ? 8 * NT : 1];
     if constexpr (kTimeline) {  // (the full-length kernels take no barrier for it)
       const int r = threadIdx.x, gb = b0 + r;
@@ -617,8 +613,8 @@ struct Kernels : MmaCommon<C> {
         psm[p][threadIdx.x] = du < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + du]) : 0.0f;
     }
     // The product over a warp's k tiles in groups of kBwGroup: unrolled while a group starts in
-    // the registers' tiles, the store's groups in a loop (unrolled, ptxas hoisted their loads
-    // and spilled 280-450 bytes at 2048 units).
+    // the registers' tiles, the store's groups in a loop (unrolled, ptxas hoists their loads
+    // and runs out of registers at the widest blocks).
     auto groups = [&](const auto& group) {
 #pragma unroll
       for (int i0 = 0; i0 < kRKT; i0 += kBwGroup) group(i0, true);
@@ -800,7 +796,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
                 for (int j = 0; j < kMJ; ++j)
                   rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(b0 + 8 * (m0 + j) + g8, 0), kKT * warp + i0, c4, live[j], fb[j]);
-                if (regs) {  // fragments in registers: n tile by n tile (the other order spilled at 768 units)
+                if (regs) {  // fragments in registers: n tile by n tile (the other order spills)
 #pragma unroll
                   for (int j = 0; j < kMJ; ++j)
 #pragma unroll
@@ -847,9 +843,8 @@ struct Kernels : MmaCommon<C> {
         }
         __syncthreads();
         if (cell) {
-          // The warps' parts of the lane's two values, summed as the forward's (rnncc::sum_parts):
-          // the 1 x 768 LSTM's backward kernel took 2.86 ms instead of 3.05-3.06 with a running sum
-          // (H100, bf16, B = 16, A/B in one run), the same at B = 64.
+          // The warps' parts of the lane's two values, summed as the forward's (rnncc::sum_parts),
+          // loaded together rather than as a running sum of dependent loads.
           constexpr int kRedChunk = kWarps < 6 ? kWarps : 6;
 #pragma unroll
           for (int q = 0; q < 2; ++q) {

@@ -261,7 +261,7 @@ struct Kernels : MmaCommon<C> {
   // partners), then sums over the rest of the lanes; one lane per row adds it in, with a plain
   // read and write where the warp holds the whole slot (`whole`), else atomically (a slot split
   // between warps: at most the first and the last of a warp's). Shared-memory float atomics
-  // retry on a conflict: four lanes a row adding partial sums made the H100's product slower.
+  // retry on a conflict: four lanes a row adding partial sums would slow the product down.
   static __device__ __forceinline__ void flush(float* sums, const int s, float (&acc)[kNB], const bool whole) {
     const int lane = threadIdx.x & 31;
     int row = 0;

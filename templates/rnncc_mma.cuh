@@ -67,8 +67,7 @@ __host__ __device__ constexpr int l2_lines_per_thread(int slices, int len_bytes,
 // data, so that they find it in L2: a DRAM load can take longer than a whole step. A thread's
 // addresses are worked out once (at most kMax of them); a step then costs one add and one
 // prefetch per address. Worked out every step, the index arithmetic (integer divisions
-// among it) made the warps that ran it the last at each step's barrier (H100, T = 1024,
-// kernel times: the 12 x 64 LSTM forward 755 -> 700 us, the 1 x 768 backward 5.05 -> 4.32 ms).
+// among it) would make the warps that run it the last at each step's barrier.
 // A slice's addresses are its start and every 128 bytes on, the last clamped to its last
 // byte: each line it overlaps, and nothing outside it, wherever a step puts it.
 template <int kMax>
@@ -211,17 +210,10 @@ namespace rnncc {
 // it (a block writes step s + 2 only after reading everybody's step s + 1, which each wrote
 // after reading step s).
 //
-// Measured on an H200 with the protocol alone (benchmarks/exchange_bench.cu, 96 blocks, 16
-// batch rows): the earlier design, 32-bit words carrying the value and the step's tag, the
-// counters only a hint and the tags checked on every word, took 2.6 us per step for h at
-// 768 units and 6.6 us for the backward's 3072 gate rows; this one 1.5 and 2.2. A block takes
-// in the whole exchange row every step, and the tags doubled its bytes.
-//
-// Every poll is an L2 request to the counter's line, and more pollers lengthen the step
-// (1 x 768, B = 16, H200): with every product warp polling for itself rather than one thread
-// per block, the GRU's forward kernel took 30 % longer; with a counter per 8 batch rows (two
-// polling threads at 16 rows) rather than per chunk, the LSTM's backward took 12 % longer
-// (the forwards, the GRU's and the sLSTM's backward measured the same).
+// Values travel without tags (32-bit words carrying a value and its step's tag, checked on
+// every word, double the bytes a block takes in every step: benchmarks/exchange_bench.cu
+// times both). Every poll is an L2 request to the counter's line, and more pollers lengthen
+// the step: one polling thread per block, one counter per batch chunk.
 template <typename T> __device__ __forceinline__ unsigned short bits16(T v);
 template <> __device__ __forceinline__ unsigned short bits16<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
 template <> __device__ __forceinline__ unsigned short bits16<__half>(__half v) { return __half_as_ushort(v); }
@@ -330,10 +322,8 @@ __device__ __forceinline__ void add_to(float& a, const float& b) { a += b; }
 
 // The sum of kN parts (float, float2 or float4) at p[0], p[stride], ... (a cell lane's slice of several
 // warps' partial products in shared memory), loaded kChunk at a time, all of a chunk in flight,
-// and added as a tree. A running sum over the parts, one load after the other, made the grid
-// forward's step wait on 6 (narrow blocks) or 12 (wide) dependent shared-memory round trips: the
-// 1 x 768 LSTM's forward kernel took 2.49-2.56 ms where with this it takes 2.16-2.20 (H100,
-// B = 16, narrow blocks, A/B in one run; benchmarks/results/grid-forward-h100-2026-11-24.txt).
+// and added as a tree. A running sum over the parts, one load after the other, would make the
+// grid forward's step wait on 6 (narrow blocks) or 12 (wide) dependent shared-memory round trips.
 template <int kN, int kChunk, typename V>
 __device__ __forceinline__ V sum_parts(const V* p, const int stride) {
   V s = {};
