@@ -380,9 +380,8 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 void decode(const c10::optional<at::Tensor>& x_, const c10::optional<at::Tensor>& W_,
             const c10::optional<at::Tensor>& Wb_, const c10::optional<at::Tensor>& Wx_,
             const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_, const at::Tensor& states_,
-            const c10::optional<at::Tensor>& params_, int64_t fn, at::IntArrayRef dims,
-            const c10::optional<at::Tensor>& y_, const at::Tensor& new_states) {
-  const Dims k(dims);
+            const c10::optional<at::Tensor>& params_, int64_t fn, const c10::optional<at::Tensor>& y_,
+            const at::Tensor& new_states) {
   c10::cuda::CUDAGuard guard(states_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
   const at::Tensor x = opt(x_), W = opt(W_), Wb = opt(Wb_), Wx = opt(Wx_), R = opt(R_), bias = opt(b_),
@@ -492,7 +491,7 @@ TORCH_LIBRARY(rnncc_host, m) {
       "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "decode(Tensor? x, Tensor? W, Tensor? Wb, Tensor? Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
-      "int fn, int[] dims, Tensor(a!)? y, Tensor(b!) new_states) -> ()");
+      "int fn, Tensor(a!)? y, Tensor(b!) new_states) -> ()");
   m.def(
       "decode_stack(Tensor? x, Tensor[] weights, int present, Tensor states, int fn, int outputs, int heads, "
       "int first, float dropout, Tensor(a!) y, Tensor(b!) new_states) -> ()");

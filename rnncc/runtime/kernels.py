@@ -201,7 +201,7 @@ class KernelOps:
         rnncc_decode)."""
         if self._decode_fn is None:
             raise RuntimeError(f"rnncc: the {self.build['variant']} library has no decoding step")
-        _decode_op()(x, W, Wb, Wx, R, b, states, params, self._decode_fn, self._dims, y, new_states)
+        _decode_op()(x, W, Wb, Wx, R, b, states, params, self._decode_fn, y, new_states)
 
     def decode_stack(
         self,
