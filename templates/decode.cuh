@@ -366,15 +366,16 @@ struct MmaKernels {
   }
 
   // c[m0 + m] += the part's staged rows (shared memory, rows of Ks) times v (the chunk's x or
-  // h, rows of Ks) over this warp's k tiles.
+  // h, rows of Ks) over k tiles first, first + every, ...
   template <typename T, int kParts>
   static __device__ __forceinline__ void product(float (&c)[kM][kNT][4], const int m0, const unsigned short* w,
-                                                 const unsigned short* v, const int K) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, g8 = lane >> 2, c4 = lane & 3;
+                                                 const unsigned short* v, const int K, const int first,
+                                                 const int every) {
+    const int lane = threadIdx.x & 31, g8 = lane >> 2, c4 = lane & 3;
     const int Ks = stride(K), KT = (K + 15) / 16;
     // ldmatrix.x4: lane i gives row i % 8 of matrix i / 8 (rows 0-7 / 8-15, k 0-7 / 8-15).
     const unsigned a0 = (unsigned)__cvta_generic_to_shared(w + (lane % 16) * Ks + 8 * (lane / 16));
-    for (int kt = warp; kt < KT; kt += kWarps) {
+    for (int kt = first; kt < KT; kt += every) {
       const int k = 16 * kt;
       uint32_t b[kNT][2];
 #pragma unroll
@@ -470,25 +471,44 @@ struct MmaKernels {
       for (int t = 0; t < kNT; ++t)
 #pragma unroll
         for (int j = 0; j < 4; ++j) c[m][t][j] = 0.0f;
-    if constexpr (kMx > 0) {
-      if (a.x != nullptr) product<T, kMx>(c, 0, wx_rows, xs, I);
+    // Where W x and R h are products of the same shape (x given), half of the warps take each
+    // over the part's k tiles, and a row's sum is of half as many warps' tiles; else every warp
+    // takes both parts over its share of their k tiles.
+    const bool halves = kMx == kMr && kMx > 0 && a.x != nullptr;  // uniform
+    constexpr int kHalf = kWarps / 2;
+    if (halves) {
+      if constexpr (kMx == kMr && kMx > 0) {
+        if (warp < kHalf) {
+          product<T, kMx>(c, 0, wx_rows, xs, I, warp, kHalf);
+        } else {
+          product<T, kMr>(c, kMx, wr_rows, hs, D, warp - kHalf, kHalf);
+        }
+      }
+    } else {
+      if constexpr (kMx > 0) {
+        if (a.x != nullptr) product<T, kMx>(c, 0, wx_rows, xs, I, warp, kWarps);
+      }
+      if constexpr (kMr > 0) product<T, kMr>(c, kMx, wr_rows, hs, D, warp, kWarps);
     }
-    if constexpr (kMr > 0) product<T, kMr>(c, kMx, wr_rows, hs, D);
     __syncthreads();  // every warp is done with the weights: their space takes the tiles
+    const int slot = halves ? warp % kHalf : warp, parts = halves ? kHalf : kWarps;  // a warp's tiles' place
 #pragma unroll
-    for (int m = 0; m < kM; ++m)
+    for (int m = 0; m < kM; ++m) {
+      if (halves && (m < kMx) != (warp < kHalf)) continue;  // the other half's part
 #pragma unroll
       for (int t = 0; t < kNT; ++t)
-        reinterpret_cast<float4*>(red)[((warp * kM + m) * kNT + t) * 32 + lane] = make_float4(c[m][t][0], c[m][t][1], c[m][t][2], c[m][t][3]);
+        reinterpret_cast<float4*>(red)[((slot * kM + m) * kNT + t) * 32 + lane] = make_float4(c[m][t][0], c[m][t][1], c[m][t][2], c[m][t][3]);
+    }
     __syncthreads();
 
     // The rows' sums: lane l's fragment of tile (m, t) (rows r, r + 8, columns b, b + 1),
-    // summed over the warps a float4 at a time.
+    // summed over the `parts` warps' tiles a float4 at a time.
     for (int f = threadIdx.x; f < kM * kNT * 32; f += kThreads) {
       const float4* const part = reinterpret_cast<const float4*>(red) + f;
       float4 s = part[0];
 #pragma unroll
       for (int w = 1; w < kWarps; ++w) {
+        if (w >= parts) break;
         const float4 v = part[w * kM * kNT * 32];
         s.x += v.x;
         s.y += v.y;
