@@ -1,14 +1,15 @@
-// The grid_mma variant's kernels (bf16 / fp16), for heads whose R does not fit one SM, and
-// grid_stream's (grid_stream.cuh): block (u, head, batch chunk) owns UW tiles of 8 units,
-// [8 UW u, 8 UW u + 8 UW) (UW = 1: narrow blocks, 2: wide, 4: streaming), and the chunk's
-// NT x 8 batch rows, and keeps its part of R as mma fragments for the whole sequence, the
-// product's k (h's units forward, the gate rows backward) split over the block's warps: in
-// registers, or past what they hold (the plan says how many k tiles) in shared memory, and on
-// streaming blocks the rest in global memory, read every step. A cell warp owns one unit tile (ut) of 8 batch rows
+// The grid_mma variant's kernels (bf16 / fp16; fp32 as 3xTF32 on narrow blocks, rnncc_mma.cuh),
+// for heads whose R does not fit one SM, and grid_stream's (grid_stream.cuh): block (u, head,
+// batch chunk) owns UW tiles of 8 units, [8 UW u, 8 UW u + 8 UW) (UW = 1: narrow blocks, 2:
+// wide, 4: streaming), and the chunk's NT x 8 batch rows, and keeps its part of R as mma
+// fragments for the whole sequence, the product's k (h's units forward, the gate rows
+// backward) split over the block's warps: in registers, or past what they hold (the plan says
+// how many k tiles) in shared memory, and on streaming blocks the rest in global memory, read
+// every step. A cell warp owns one unit tile (ut) of 8 batch rows
 // (jt). A step:
 //
 // - forward: h of the step before, from every block of the head, through the exchange buffer
-//   (rnncc_mma.cuh: 16-bit values behind a counter per batch chunk, h in fragment order),
+//   (rnncc_mma.cuh: values behind a counter per batch chunk, h in fragment order),
 //   each warp loading its k range's B fragments itself; each warp's part of R·h (the A tiles
 //   as in the block tier: two gates of a unit tile per tile) into shared memory; the cell
 //   warps sum the parts, run the cell, C::forward (a lane: unit 8 (UW u + ut) + g, rows
@@ -75,7 +76,6 @@ struct Kernels : MmaCommon<C> {
       if (C::kGridNT[i] == nt && C::kGridUW[i] == uw) return i;
     return -1;
   }
-  static constexpr int kBwGroup = 8;  // dgᵀ·R's k tiles whose fragments of dg are loaded at once
   // The forward joins a warp's loads of h (rnncc::join) from this many k tiles (4 loads a lane):
   // with fewer, ptxas issues them together anyway, and the join only delays the first mma.
   static constexpr int kJoinKT = 8;
@@ -92,15 +92,20 @@ struct Kernels : MmaCommon<C> {
   }
 
   // The exchange of a block's head and batch chunk in a.xchg (rnncc_abi.h; the host sizes it in
-  // attach_exchange): values [2][NH][B8 x kXWords] (16-bit, B8: B rounded up to 8 rows), slot s
+  // attach_exchange): values [2][NH][B8 x kXWords] (Operand<T>::Bits, 16 or 32 bits; B8: B
+  // rounded up to 8 rows), slot s
   // (by step parity) at slot(s), a value at + xchg_at(row, position); then the counters
   // [NH][B8 / 8], one per 8-row group. The first counter of the 8-row groups that step together
   // counts their slices' steps: each cell warp (of a unit tile inside the head) adds 1 per step,
   // so a step's count is kUnitTiles x the cell warps of a unit tile's 8 rows (per_tile) x the live
   // 8-row groups among them (per_step).
+  template <typename T>
   struct Exchange {
-    unsigned short* values;  // slot 0 of this head
-    long long slot_size;     // 16-bit values of one slot, every head
+    typedef typename rnncc::Operand<T>::Bits Bits;
+    typedef typename rnncc::Operand<T>::Quad Quad;
+    static constexpr int kHalves = sizeof(Bits) / 2;  // a value's 16-bit halves
+    Bits* values;            // slot 0 of this head
+    long long slot_size;     // values of one slot, every head
     unsigned* counter;       // the chunk's first 8-row group's
     int groups;              // the chunk's live 8-row groups
     unsigned per_tile;       // counts per unit tile and 8-row group each step (its cell warps)
@@ -109,16 +114,16 @@ struct Kernels : MmaCommon<C> {
                         const unsigned per_tile = 1)
         : per_tile(per_tile) {
       const long long B8 = (B + 7) / 8 * 8;
-      values = reinterpret_cast<unsigned short*>(xchg) + n * B8 * kXWords;
+      values = reinterpret_cast<Bits*>(xchg) + n * B8 * kXWords;
       slot_size = NH * B8 * kXWords;
-      counter = xchg + slot_size + (long long)n * (B8 / 8) + b0 / 8;  // past both slots (32-bit words)
+      counter = xchg + kHalves * slot_size + (long long)n * (B8 / 8) + b0 / 8;  // past both slots (32-bit words)
       groups = (rows + 7) / 8;
     }
-    __device__ __forceinline__ unsigned short* slot(const int s) const { return values + (s & 1) * slot_size; }
+    __device__ __forceinline__ Bits* slot(const int s) const { return values + (s & 1) * slot_size; }
     // The part of R streamed from memory (rnncc_abi.h: past the counters, 16-byte aligned).
-    static __device__ __forceinline__ uint4* stream(unsigned* xchg, const int B, const int NH) {
-      const long long B8 = (B + 7) / 8 * 8, words = NH * B8 * kXWords + NH * (B8 / 8);
-      return reinterpret_cast<uint4*>(xchg + (words + 3) / 4 * 4);
+    static __device__ __forceinline__ Quad* stream(unsigned* xchg, const int B, const int NH) {
+      const long long B8 = (B + 7) / 8 * 8, words = kHalves * NH * B8 * kXWords + NH * (B8 / 8);
+      return reinterpret_cast<Quad*>(xchg + (words + 3) / 4 * 4);
     }
     // A step's count on the counter of the chunk's 8-row groups [first, first + count).
     __device__ __forceinline__ unsigned per_step(const int first, const int count) const {
@@ -137,18 +142,20 @@ struct Kernels : MmaCommon<C> {
     // A fragment per lane, [warp][k tile][m tile][lane]) and the other kGKT in global memory
     // (gst, the same order per block, Exchange::stream), read each step: heads past what the
     // registers hold (the plan sizes them all, kFwStore bytes of shared memory before red).
+    typedef typename rnncc::Operand<T>::Reg Reg;
+    typedef typename rnncc::Operand<T>::Quad Quad;
     constexpr int kRKT = C::kFwRegKT[W], kSKT = C::kFwSmemKT[W], kGKT = kKT - kRKT - kSKT;
-    static_assert(kRKT >= 0 && kSKT >= 0 && kGKT >= 0 && kWarps * kSKT * kMT * 32 * 16 <= C::kFwStore[W],
+    static_assert(kRKT >= 0 && kSKT >= 0 && kGKT >= 0 && kWarps * kSKT * kMT * 32 * sizeof(Quad) <= C::kFwStore[W],
                   "a warp's k tiles are in registers, the plan's fragment store or global memory");
     extern __shared__ __align__(16) unsigned char smem[];
-    uint4* const fst = reinterpret_cast<uint4*>(smem);
+    Quad* const fst = reinterpret_cast<Quad*>(smem);
     // The chunk's n tiles in kSplit parts, each a recurrence of its own (its own counter): while
     // one part's h crosses the exchange, the block runs the other's product and cell. Each part
     // costs a wait of its own, so this pays only where the product is long: two parts of a
     // narrow block's 8 n tiles (fewer n tiles, or more parts, lose more to the waits).
     constexpr int kSplit = NT == 8 && UW == 1 ? 2 : 1, kNTh = NT / kSplit;
-    // n tiles whose h fragments are loaded at once (wide: one, for its 168 registers per thread)
-    constexpr int kJ = kNTh < 2 || UW >= 2 ? 1 : 2;
+    // n tiles whose h fragments are loaded at once (wide, fp32: one, for their registers)
+    constexpr int kJ = kNTh < 2 || UW >= 2 || sizeof(T) == 4 ? 1 : 2;
     // Streaming blocks of several n tiles read each streamed fragment of R once a step for kJS
     // n tiles (kStreamOnce): the n tiles' products run over the k tiles on chip (kPKT) one n
     // tile at a time, then over the streamed ones kJS n tiles at a time, kSG tiles' h
@@ -177,7 +184,7 @@ struct Kernels : MmaCommon<C> {
     const int r0 = 8 * jt + 2 * c4 + qs;  // and its first batch row in the chunk (then + q)
     const bool unit = d < kD, cell = warp < UW * NT * kRowWarps;
     const bool counts = cell && 8 * (UW * u + ut) < kD;  // a cell warp of a unit tile inside the head
-    const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);
+    const Exchange<T> ex(a.xchg, a.B, a.NH, n, b0, rows, kRowWarps);
     // The warps' parts of R·h, [warp][m tile][n tile][row parity][lane], a cell lane's values
     // together: the C fragment's 4 (float4, kQ = 2) or its 2 of a row parity (float2 c0, c2 and
     // c1, c3, kQ = 1); summed over the warps kRedChunk parts at a time (rnncc::sum_parts).
@@ -187,19 +194,19 @@ struct Kernels : MmaCommon<C> {
 
     // A fragments of R, k tiles [kKT warp, kKT warp + kKT) (zero past the head); m tile m: gates
     // 2p, 2p + 1 (p = m % kPairs) of unit tile m / kPairs. A lane reads back only what it stored.
-    uint32_t ra[kMT][kRKT > 0 ? kRKT : 1][4];
-    uint4* const gst = kGKT > 0 ? Exchange::stream(a.xchg, a.B, a.NH) +
-                                      (((long long)n * gridDim.x + u) * kWarps + warp) * kGKT * kMT * 32 + lane
-                                : nullptr;
-    auto stored = [&](const int i, const int m) -> uint4 {
+    Reg ra[kMT][kRKT > 0 ? kRKT : 1][4];
+    Quad* const gst = kGKT > 0 ? Exchange<T>::stream(a.xchg, a.B, a.NH) +
+                                     (((long long)n * gridDim.x + u) * kWarps + warp) * kGKT * kMT * 32 + lane
+                               : nullptr;
+    auto stored = [&](const int i, const int m) -> Quad {
       if (i < kRKT + kSKT) return fst[((warp * kSKT + i - kRKT) * kMT + m) * 32 + lane];
-      return __ldcg(gst + ((i - kRKT - kSKT) * kMT + m) * 32);
+      return rnncc::ldcg(gst + ((i - kRKT - kSKT) * kMT + m) * 32);
     };
-    auto store = [&](const int i, const int m, const uint4 v) {
+    auto store = [&](const int i, const int m, const Quad& v) {
       if (i < kRKT + kSKT)
         fst[((warp * kSKT + i - kRKT) * kMT + m) * 32 + lane] = v;
       else
-        __stcg(gst + ((i - kRKT - kSKT) * kMT + m) * 32, v);
+        rnncc::stcg(gst + ((i - kRKT - kSKT) * kMT + m) * 32, v);
     };
     auto fill = [&](const int i) {
       const T* R = static_cast<const T*>(a.R);
@@ -207,7 +214,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
       for (int m = 0; m < kMT; ++m) {
         const int p = m % kPairs, dr = 8 * (UW * u + m / kPairs) + g8;
-        const uint32_t f[4] = {
+        const Reg f[4] = {
             rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0), r_at(R, a.NH, n, 2 * p, dr, k0 + 1)),
             rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p + 1, dr, k0), r_at(R, a.NH, n, 2 * p + 1, dr, k0 + 1)),
             rnncc::pack2<T>(r_at(R, a.NH, n, 2 * p, dr, k0 + 8), r_at(R, a.NH, n, 2 * p, dr, k0 + 9)),
@@ -216,7 +223,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int r = 0; r < 4; ++r) ra[m][i < kRKT ? i : 0][r] = f[r];
         } else if (warp < kWarps) {
-          store(i, m, make_uint4(f[0], f[1], f[2], f[3]));
+          store(i, m, rnncc::quad(f));
         }
       }
     };
@@ -264,7 +271,7 @@ struct Kernels : MmaCommon<C> {
 
     // W x of step t into w (cell lanes; unconditional loads, as in the block tier). Offsets are
     // computed where used rather than kept: the wide kernels have no registers to spare.
-    typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];  // raw 16-bit elements (bits_float)
+    typedef uint32_t WxRegs[kGx > 0 ? kGx : 1][2];  // raw elements (bits_float)
     auto load_wx = [&](const int t, WxRegs& w) {
       if (!cell) return;
       const int tc = t < a.T ? t : a.T - 1;
@@ -274,13 +281,13 @@ struct Kernels : MmaCommon<C> {
         const bool live = unit && gb < a.B;
         const long long step_off = (long long)(kTimeline ? rnncc::position(len(q), rnncc::reversed(a, n), tc) : tc) * kGx * NHD;
         const long long at = (long long)gb * a.T * kGx * NHD + (long long)n * kD + d + step_off;
-        const unsigned short* Wx = static_cast<const unsigned short*>(a.Wx) + (live ? at : 0);
+        const auto* Wx = static_cast<const typename rnncc::Operand<T>::Bits*>(a.Wx) + (live ? at : 0);
 #pragma unroll
         for (int k = 0; k < kGx; ++k) w[k][q] = Wx[k * NHD];
       }
     };
     const int units = kD - 8 * UW * u < 8 * UW ? kD - 8 * UW * u : 8 * UW;
-    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 16 * UW, kThreads)> wx_l2;  // W x, kL2Ahead steps ahead
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 8 * UW * (int)sizeof(T), kThreads)> wx_l2;  // W x, kL2Ahead steps ahead
     wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
                (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
     auto step = [&](const int t, WxRegs& wxv) {
@@ -294,10 +301,10 @@ struct Kernels : MmaCommon<C> {
           // (H200, B = 16 and 64).
           rnncc::xchg_wait(ex.counter + kNTh * hf, (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh));
           if (warp < kWarps) {
-            const unsigned short* const hx = ex.slot(t);
+            const auto* const hx = ex.slot(t);
 #pragma unroll 1  // unrolled, ptxas hoists later tiles' loads and spills at NT = 8
             for (int j0 = kNTh * hf; j0 < kNTh * hf + kNTh; j0 += kJ) {
-              uint32_t hb[kJ][kPKT][2];
+              Reg hb[kJ][kPKT][2];
 #pragma unroll
               for (int j = 0; j < kJ; ++j)
                 rnncc::load_fragments<kPKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
@@ -324,8 +331,8 @@ struct Kernels : MmaCommon<C> {
                       if (i < kRKT) {
                         rnncc::mma16816<T>(acc[m], ra[m][i < kRKT ? i : 0], hb[j][i][0], hb[j][i][1]);
                       } else {
-                        const uint4 v = stored(i, m);
-                        const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+                        Reg f[4];
+                        rnncc::unquad(stored(i, m), f);
                         rnncc::mma16816<T>(acc[m], f, hb[j][i][0], hb[j][i][1]);
                       }
                     }
@@ -355,7 +362,7 @@ struct Kernels : MmaCommon<C> {
                     for (int i = 0; i < 4; ++i) acc[j][m][i] = 0.0f;
 #pragma unroll 1
                 for (int g0 = 0; g0 < kGKT; g0 += kSG) {
-                  uint32_t hb[kJS][kSG][2];
+                  Reg hb[kJS][kSG][2];
 #pragma unroll
                   for (int j = 0; j < kJS; ++j)
                     rnncc::load_fragments<kSG, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp + kPKT + g0,
@@ -365,8 +372,8 @@ struct Kernels : MmaCommon<C> {
                     if (g0 + g < kGKT && kKT * warp + kPKT + g0 + g < kKTiles) {
 #pragma unroll
                       for (int m = 0; m < kMT; ++m) {
-                        const uint4 v = __ldcg(gst + ((g0 + g) * kMT + m) * 32);
-                        const uint32_t f[4] = {v.x, v.y, v.z, v.w};
+                        Reg f[4];
+                        rnncc::unquad(rnncc::ldcg(gst + ((g0 + g) * kMT + m) * 32), f);
 #pragma unroll
                         for (int j = 0; j < kJS; ++j) rnncc::mma16816<T>(acc[j][m], f, hb[j][g][0], hb[j][g][1]);
                       }
@@ -492,7 +499,9 @@ struct Kernels : MmaCommon<C> {
     // Tiles of dgᵀ·R: narrow, m tiles of 16 batch rows; wide and streaming, n tiles of 8 (m: the
     // block's units, kFA tiles of 16).
     constexpr int kMT = UW >= 2 ? NT : (NT + 1) / 2;
-    constexpr int kMJ = kMT < 2 ? kMT : 2;  // tiles whose dg fragments are loaded at once
+    // tiles whose dg fragments are loaded at once, and k tiles (fp32, twice the registers: fewer)
+    constexpr int kMJ = kMT < 2 || sizeof(T) == 4 ? (kMT < 2 ? kMT : 1) : 2;
+    constexpr int kGroup = sizeof(T) == 4 ? 2 : 8;
     constexpr int kUnits = 8 * UW;  // units per block
     constexpr int kFA = UW >= 2 ? UW / 2 : 1;  // fragments of R per k tile
     constexpr int kRedTile = UW >= 2 ? kFA * 16 * 8 : 4 * 32;  // floats of one warp's tile in red
@@ -500,11 +509,12 @@ struct Kernels : MmaCommon<C> {
     // (fst: a lane's kF words of each fragment, [warp][k tile][fragment][lane]) and the other
     // kGKT in global memory (gst), as the forward's.
     constexpr int kF = UW >= 2 ? 4 : 2;
+    typedef typename rnncc::Operand<T>::Reg Reg;
+    typedef typename std::conditional<UW >= 2, typename rnncc::Operand<T>::Quad, typename rnncc::Operand<T>::Duo>::type Frag;
     constexpr int kRKT = C::kBwRegKT[W], kSKT = C::kBwSmemKT[W], kGKT = kKT - kRKT - kSKT;
-    static_assert(kRKT >= 0 && kSKT >= 0 && kGKT >= 0 && kWarps * kSKT * kFA * 32 * kF * 4 <= C::kBwStore[W],
+    static_assert(kRKT >= 0 && kSKT >= 0 && kGKT >= 0 && kWarps * kSKT * kFA * 32 * sizeof(Frag) <= C::kBwStore[W],
                   "a warp's k tiles are in registers, the plan's fragment store or global memory");
     static_assert(kGKT == 0 || UW >= 2, "streamed fragments are A fragments");
-    typedef typename std::conditional<UW >= 2, uint4, uint2>::type Frag;
     extern __shared__ __align__(16) unsigned char smem[];
     Frag* const fst = reinterpret_cast<Frag*>(smem);
     float* const red = reinterpret_cast<float*>(smem + C::kBwStore[W]);  // the warps' parts of dgᵀ·R
@@ -522,23 +532,23 @@ struct Kernels : MmaCommon<C> {
     const bool counts = cell && d_blk + 8 * ut < kD;  // a cell warp of a unit tile inside the head
     const long long NHD = (long long)a.NH * kD;
     const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
-    const Exchange ex(a.xchg, a.B, a.NH, n, b0, rows);
+    const Exchange<T> ex(a.xchg, a.B, a.NH, n, b0, rows);
 
     // R's fragments, gate-row k tiles [kKT warp, kKT warp + kKT): narrow, B fragments (column j:
     // unit d_blk + j); wide and streaming, A fragments of Rᵀ (fragment ua, row m: unit
     // d_blk + 16 ua + m).
-    uint32_t rf[kRKT > 0 ? kRKT : 1][kFA][kF];
-    uint4* const gst = kGKT > 0 ? Exchange::stream(a.xchg, a.B, a.NH) +
-                                      (((long long)n * gridDim.x + u) * kWarps + warp) * kGKT * kFA * 32 + lane
-                                : nullptr;
+    Reg rf[kRKT > 0 ? kRKT : 1][kFA][kF];
+    typename rnncc::Operand<T>::Quad* const gst =
+        kGKT > 0 ? Exchange<T>::stream(a.xchg, a.B, a.NH) + (((long long)n * gridDim.x + u) * kWarps + warp) * kGKT * kFA * 32 + lane
+                 : nullptr;
     // the fragment of store tile i (past the registers' tiles)
     auto slot = [&](const int i, const int ua) { return ((i - kRKT) * kFA + ua) * 32; };
-    // A warp's streamed tiles [g0, g1) into L2 by one bulk prefetch, a group (kBwGroup tiles)
+    // A warp's streamed tiles [g0, g1) into L2 by one bulk prefetch, a group (kGroup tiles)
     // ahead of their loads: before a step's wait the first group, then at each group of the
     // store's tiles the next, so that the product's loads, which wait behind its mmas, find
     // them in L2 rather than HBM. The forward has none: there the prefetches made it slower.
-    constexpr int kStreamTile = kFA * 32 * 16;
-    constexpr int kStreamAhead = kBwGroup;
+    constexpr int kStreamTile = kFA * 32 * (int)sizeof(typename rnncc::Operand<T>::Quad);
+    constexpr int kStreamAhead = kGroup;
     auto stream_ahead = [&](int g0, const int g1) {
       g0 = g0 > 0 ? g0 : 0;
       const int e = g1 < kGKT ? g1 : kGKT;
@@ -553,7 +563,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
       for (int ua = 0; ua < kFA; ++ua) {
         const int in = d_blk + 16 * ua + g8;
-        uint32_t f[kF];
+        Reg f[kF];
         f[0] = rt(r0, in);
         if constexpr (UW >= 2) {
           f[1] = rt(r0, in + 8);
@@ -567,13 +577,13 @@ struct Kernels : MmaCommon<C> {
           for (int r = 0; r < kF; ++r) rf[i < kRKT ? i : 0][ua][r] = f[r];
         } else if (warp < kWarps) {
           if constexpr (UW >= 2) {
-            const uint4 v = make_uint4(f[0], f[1], f[2], f[3]);
+            const Frag v = rnncc::quad(f);
             if (i < kRKT + kSKT)
               fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] = v;
             else
-              __stcg(gst + slot(i - kSKT, ua), v);
+              rnncc::stcg(gst + slot(i - kSKT, ua), v);
           } else {
-            fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] = make_uint2(f[0], f[1]);
+            fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] = rnncc::duo(f[0], f[1]);
           }
         }
       }
@@ -585,23 +595,16 @@ struct Kernels : MmaCommon<C> {
     // k tile i's fragment ua: from registers, shared memory or global memory (i from the loops
     // over the store's groups, regs false: never from registers, as i is not known at compile
     // time there).
-    auto frag = [&](const int i, const int ua, uint32_t (&f)[kF], const bool regs) {
+    auto frag = [&](const int i, const int ua, Reg (&f)[kF], const bool regs) {
       if (regs && i < kRKT) {
 #pragma unroll
         for (int r = 0; r < kF; ++r) f[r] = rf[i < kRKT ? i : 0][ua][r];
         return;
       }
-      Frag v;
       if constexpr (UW >= 2) {
-        v = i < kRKT + kSKT ? fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] : __ldcg(gst + slot(i - kSKT, ua));
+        rnncc::unquad(i < kRKT + kSKT ? fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane] : rnncc::ldcg(gst + slot(i - kSKT, ua)), f);
       } else {
-        v = fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane];
-      }
-      f[0] = v.x;
-      f[1] = v.y;
-      if constexpr (UW >= 2) {
-        f[2] = v.z;
-        f[3] = v.w;
+        rnncc::unduo(fst[warp * kSKT * kFA * 32 + slot(i, ua) + lane], f[0], f[1]);
       }
     };
     if (threadIdx.x < kUnits) {
@@ -612,14 +615,14 @@ struct Kernels : MmaCommon<C> {
       for (int p = 0; p < kP; ++p)
         psm[p][threadIdx.x] = du < kD ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + du]) : 0.0f;
     }
-    // The product over a warp's k tiles in groups of kBwGroup: unrolled while a group starts in
+    // The product over a warp's k tiles in groups of kGroup: unrolled while a group starts in
     // the registers' tiles, the store's groups in a loop (unrolled, ptxas hoists their loads
     // and runs out of registers at the widest blocks).
     auto groups = [&](const auto& group) {
 #pragma unroll
-      for (int i0 = 0; i0 < kRKT; i0 += kBwGroup) group(i0, true);
+      for (int i0 = 0; i0 < kRKT; i0 += kGroup) group(i0, true);
 #pragma unroll 1
-      for (int i0 = (kRKT + kBwGroup - 1) / kBwGroup * kBwGroup; i0 < kKT; i0 += kBwGroup) group(i0, false);
+      for (int i0 = (kRKT + kGroup - 1) / kGroup * kGroup; i0 < kKT; i0 += kGroup) group(i0, false);
     };
     float ds[kS][2];
     SumOverTime sums;
@@ -645,8 +648,8 @@ struct Kernels : MmaCommon<C> {
     const long long NB = (long long)a.NH * a.B;
     rnncc::L2Stream<rnncc::l2_lines_per_thread(kS * 8 * NT, 4 * kUnits, kThreads)> hist_l2;
     rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * (kGr > 0 ? kGr : 1), 4 * kUnits, kThreads)> rh_l2;
-    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 2 * kUnits, kThreads)> wx_l2;
-    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kO, 2 * kUnits, kThreads)> dy_l2;
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, kUnits * (int)sizeof(T), kThreads)> wx_l2;
+    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kO, kUnits * (int)sizeof(T), kThreads)> dy_l2;
     hist_l2.init(a.hist + (long long)n * a.B * kD + (long long)b0 * kD + d_blk, NB * kD, kS, kD, rows, units, threadIdx.x,
                  kThreads);
     if (kGr > 0)
@@ -685,7 +688,7 @@ struct Kernels : MmaCommon<C> {
         T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
         const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
         if (live) {
-          unsigned short* const xs = ex.slot(t);
+          auto* const xs = ex.slot(t);
 #pragma unroll
           for (int k = 0; k < kGr; ++k) {
             const T lo_v = rnncc::from_float<T>(o.gr[k][0]), hi_v = rnncc::from_float<T>(o.gr[k][1]);
@@ -720,12 +723,12 @@ struct Kernels : MmaCommon<C> {
         if constexpr (UW == 1) {
           if (warp < kWarps) {
             // A fragments straight from the exchange rows (dg published in fragment order, as h in
-            // the forward): rows 16 m + g (a0, a2) and 16 m + 8 + g (a1, a3), kBwGroup k tiles'
+            // the forward): rows 16 m + g (a0, a2) and 16 m + 8 + g (a1, a3), kGroup k tiles'
             // loads in flight at once. In place of a copy of dg into shared memory (H200, 1 x 768,
             // T = 1024, backward kernel): B = 16 LSTM 6.03 -> 5.01 ms, GRU 5.61 -> 3.83, sLSTM
             // 6.32 -> 5.26; but B = 64 LSTM 8.81 -> 10.01 (not understood: with 8 rows x 64 bytes
             // per warp load rather than the blocked layout of xchg_at it was 11.6).
-            const unsigned short* const dgx = ex.slot(t);
+            const auto* const dgx = ex.slot(t);
 #pragma unroll 1  // as the forward's n tiles: unrolled, ptxas hoists later tiles' loads and spills
             for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // m tiles m0 + j: batch rows [16 (m0 + j), + 16) of the chunk
               float acc[kMJ][4];
@@ -739,8 +742,8 @@ struct Kernels : MmaCommon<C> {
                 hi_live[j] = m < kMT && 16 * m + 8 < NT * 8 && b0 + 16 * m + 8 + g8 < a.B;  // else rows 8-15 are zero
               }
               auto group = [&](const int i0, const bool regs) {
-                constexpr int kN = kBwGroup;
-                uint32_t lo[kMJ][kN][2], hi[kMJ][kN][2];
+                constexpr int kN = kGroup;
+                Reg lo[kMJ][kN][2], hi[kMJ][kN][2];
 #pragma unroll
                 for (int j = 0; j < kMJ; ++j) {
                   const int r = b0 + 16 * (m0 + j) + g8;
@@ -752,8 +755,8 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
                   for (int i = 0; i < kN; ++i) {
                     if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
-                      const uint32_t ga[4] = {lo[j][i][0], hi[j][i][0], lo[j][i][1], hi[j][i][1]};
-                      uint32_t f[kF];
+                      const Reg ga[4] = {lo[j][i][0], hi[j][i][0], lo[j][i][1], hi[j][i][1]};
+                      Reg f[kF];
                       frag(i0 + i, 0, f, regs);
                       rnncc::mma16816<T>(acc[j], ga, f[0], f[1]);
                     }
@@ -773,7 +776,7 @@ struct Kernels : MmaCommon<C> {
           if (warp < kWarps) {
             // Wide: m = the block's units (Rᵀ's A fragments, kFA of 16), n = 8 batch rows (dg's B
             // fragments, the same registers as the narrow product's A fragments of one row).
-            const unsigned short* const dgx = ex.slot(t);
+            const auto* const dgx = ex.slot(t);
 #pragma unroll 1  // as the narrow product's m tiles
             for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // n tiles m0 + j: batch rows [8 (m0 + j), + 8) of the chunk
               float acc[kMJ][kFA][4];
@@ -787,12 +790,12 @@ struct Kernels : MmaCommon<C> {
                 live[j] = m0 + j < kMT && b0 + 8 * (m0 + j) + g8 < a.B;
               }
               auto group = [&](const int i0, const bool regs) {
-                constexpr int kN = kBwGroup;
+                constexpr int kN = kGroup;
                 if (!regs && m0 == 0) {
                   const int g = i0 - kRKT - kSKT + kStreamAhead;
                   stream_ahead(g > kStreamAhead ? g : kStreamAhead, g + kN);
                 }
-                uint32_t fb[kMJ][kN][2];
+                Reg fb[kMJ][kN][2];
 #pragma unroll
                 for (int j = 0; j < kMJ; ++j)
                   rnncc::load_fragments<kN, kGTiles, 256>(dgx + xchg_at(b0 + 8 * (m0 + j) + g8, 0), kKT * warp + i0, c4, live[j], fb[j]);
@@ -804,7 +807,7 @@ struct Kernels : MmaCommon<C> {
                       if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
 #pragma unroll
                         for (int ua = 0; ua < kFA; ++ua) {
-                          uint32_t f[kF];
+                          Reg f[kF];
                           frag(i0 + i, ua, f, true);
                           rnncc::mma16816<T>(acc[j][ua], f, fb[j][i][0], fb[j][i][1]);
                         }
@@ -816,7 +819,7 @@ struct Kernels : MmaCommon<C> {
                     if (i0 + i < kKT && kKT * warp + i0 + i < kGTiles) {
 #pragma unroll
                       for (int ua = 0; ua < kFA; ++ua) {
-                        uint32_t f[kF];
+                        Reg f[kF];
                         frag(i0 + i, ua, f, false);
 #pragma unroll
                         for (int j = 0; j < kMJ; ++j) rnncc::mma16816<T>(acc[j][ua], f, fb[j][i][0], fb[j][i][1]);
@@ -920,20 +923,26 @@ int launch(const Args& a, const rnncc_launch& l, cudaStream_t stream, std::integ
                                    Fw ? C::kFwL2Claim : C::kBwL2Claim);
 }
 
-// The library's entry points (rnncc_abi.h: rnncc_fused_forward, rnncc_fused_backward): 16-bit
-// storage only, the plan never launches another dtype here; the exchange buffer the host
-// attached must hold kXWords values per (head, batch row).
+// The library's entry points (rnncc_abi.h: rnncc_fused_forward, rnncc_fused_backward): fp32
+// storage where the plan built the library for it (kFp32: its kernels' register budgets are
+// fp32's), else bf16 and fp16; the exchange buffer the host attached must hold kXWords values
+// per (head, batch row).
 template <class C, bool Fw, typename Args>
 int entry(const Args* a, const rnncc_launch* l, cudaStream_t stream) {
   if (a->D != C::kD) return (int)cudaErrorInvalidValue;
   if ((long long)a->NH * a->B == 0) return 0;
   if (C::kGr > 0 && (a->xchg == nullptr || a->xchg_words != C::kXWords)) return (int)cudaErrorInvalidValue;
   constexpr auto kernels = std::make_integer_sequence<int, C::kGridKernels>{};
-  switch (a->dtype) {
-    case RNNCC_F16: return launch<C, __half, Fw>(*a, *l, stream, kernels);
-    case RNNCC_BF16: return launch<C, __nv_bfloat16, Fw>(*a, *l, stream, kernels);
-    default: return (int)cudaErrorNotSupported;
+  if constexpr (C::kFp32) {
+    if (a->dtype == RNNCC_F32) return launch<C, float, Fw>(*a, *l, stream, kernels);
+  } else {
+    switch (a->dtype) {
+      case RNNCC_F16: return launch<C, __half, Fw>(*a, *l, stream, kernels);
+      case RNNCC_BF16: return launch<C, __nv_bfloat16, Fw>(*a, *l, stream, kernels);
+      default: break;
+    }
   }
+  return (int)cudaErrorNotSupported;
 }
 
 template <class C>

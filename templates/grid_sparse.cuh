@@ -372,7 +372,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
       for (int p = 0; p < kP; ++p)
         pv[p][q] = unit ? rnncc::to_float(static_cast<const T*>(a.params)[((long long)p * a.NH + n) * kD + d]) : 0.0f;
-      if (live) ex.slot(0)[(long long)d * kNB + 2 * j2 + q] = rnncc::bits16(rnncc::from_float<T>(st[kRec][q]));
+      if (live) ex.slot(0)[(long long)d * kNB + 2 * j2 + q] = rnncc::bits(rnncc::from_float<T>(st[kRec][q]));
     }
     __syncthreads();
     if (threadIdx.x == 0) rnncc::xchg_count(ex.counter);
@@ -421,7 +421,7 @@ struct Kernels : MmaCommon<C> {
             C::forward(ForwardIn<T>{st, wxv, acc, bv, pv, q}, next);
 #pragma unroll
             for (int s = 0; s < kS; ++s) st[s][q] = next[s];
-            ex.slot(t + 1)[(long long)d * kNB + 2 * j2 + q] = rnncc::bits16(rnncc::from_float<T>(st[kRec][q]));
+            ex.slot(t + 1)[(long long)d * kNB + 2 * j2 + q] = rnncc::bits(rnncc::from_float<T>(st[kRec][q]));
           }
         }
       }
@@ -527,7 +527,7 @@ struct Kernels : MmaCommon<C> {
         for (int k = 0; k < kGr; ++k)
 #pragma unroll
           for (int q = 0; q < 2; ++q)
-            if (q == 0 || hi) xs[((long long)k * kD + d0 + q) * kNB + rr] = rnncc::bits16(rnncc::from_float<T>(o.gr[k][q]));
+            if (q == 0 || hi) xs[((long long)k * kD + d0 + q) * kNB + rr] = rnncc::bits(rnncc::from_float<T>(o.gr[k][q]));
         totals.add(o.gb, o.p);
       }
       __syncthreads();

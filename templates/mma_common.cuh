@@ -54,34 +54,42 @@ struct MmaCommon {
     }
   }
 
-  // 16-bit inputs loaded ahead stay in their 32-bit registers exactly as loaded until the cell
-  // reads them: any operation on a loaded value, even merging two 16-bit halves into one
-  // register, waits for the load, and would bring a memory latency back into every step.
+  // Inputs loaded ahead stay in their 32-bit registers exactly as loaded until the cell reads
+  // them: any operation on a loaded value, even merging two 16-bit halves into one register,
+  // waits for the load, and would bring a memory latency back into every step.
   //
-  // bits_float: the 16-bit T in the low half of w (a load of one element), as float.
+  // bits_float: the T in the low bits of w (a load of one element), as float.
   template <typename T>
   static __device__ __forceinline__ float bits_float(const uint32_t w) {
-    if constexpr (std::is_same<T, __nv_bfloat16>::value) {
+    if constexpr (std::is_same<T, float>::value) {
+      return __uint_as_float(w);
+    } else if constexpr (std::is_same<T, __nv_bfloat16>::value) {
       return __uint_as_float(w << 16);
     } else {
       return rnncc::to_float(__ushort_as_half((unsigned short)(w & 0xffffu)));
     }
   }
-  // A lane's two adjacent units as loaded by get2_raw: one 32-bit word (w[0]) when the head dim
-  // is even, else one element per word.
+  // A lane's two adjacent units as loaded by get2_raw: 16-bit, one 32-bit word (w[0]) when the
+  // head dim is even, else one element per word; fp32, one element per word (one 8-byte load
+  // when the head dim is even).
   template <typename T>
   static __device__ __forceinline__ void get2_raw(const T* p, bool hi, uint32_t (&w)[2]) {
-    if constexpr (kPaired) {
+    typedef typename rnncc::Operand<T>::Bits Bits;
+    if constexpr (kPaired && sizeof(T) == 4) {
+      const uint2 v = *reinterpret_cast<const uint2*>(p);
+      w[0] = v.x;
+      w[1] = v.y;
+    } else if constexpr (kPaired) {
       w[0] = *reinterpret_cast<const uint32_t*>(p);
       w[1] = 0u;
     } else {
-      w[0] = *reinterpret_cast<const unsigned short*>(p);
-      w[1] = *reinterpret_cast<const unsigned short*>(p + (hi ? 1 : 0));
+      w[0] = *reinterpret_cast<const Bits*>(p);
+      w[1] = *reinterpret_cast<const Bits*>(p + (hi ? 1 : 0));
     }
   }
   template <typename T>
   static __device__ __forceinline__ float raw_float(const uint32_t (&w)[2], const int q) {
-    if constexpr (kPaired) {
+    if constexpr (kPaired && sizeof(T) == 2) {
       return q == 0 ? bits_float<T>(w[0]) : bits_float<T>(w[0] >> 16);
     } else {
       return bits_float<T>(w[q]);

@@ -94,8 +94,9 @@ typedef struct rnncc_launch {
 // above, plus: states, last [S, B, NH, D] storage; R [Gr, NH, D, D] storage (out x in);
 // hist [T + 1, S, NH, B, D] float32 and rh [T, NH, B, Gr * D] float32, both written only
 // when not null (they are what the backward reads); xchg: zeros, the grid tier's exchange
-// between the blocks of a head: 16-bit values [2, NH, B8, xchg_words] (B8: B rounded up to a
-// multiple of 8; the kernels order each slot in blocks of 8 rows), then uint32 counters
+// between the blocks of a head: values of the storage dtype's width [2, NH, B8, xchg_words]
+// (B8: B rounded up to a multiple of 8; the kernels order each slot in blocks of 8 rows),
+// then uint32 counters
 // [NH, B8 / 8] (xchg_words from the plan, a multiple of 32; 0 and null for the block tier),
 // then, from the next multiple of 4 words, the part of R that a streaming kernel reads from
 // memory each step (sized by the plan; the kernels write it before reading it).

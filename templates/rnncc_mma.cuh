@@ -1,5 +1,6 @@
 // rnncc tensor-core helpers: the warp-wide mma.sync.m16n8k16 product with fp32 accumulators
-// on 16-bit inputs (bf16 or fp16), and packing two floats into one 32-bit operand register.
+// on 16-bit inputs (bf16 or fp16), or on fp32 inputs as three tf32 products (3xTF32), and
+// packing two floats into one operand register.
 //
 // Fragment layout of m16n8k16 (PTX ISA, "Matrix Fragments for mma.m16n8k16"), with
 // g = lane / 4 and c = lane % 4:
@@ -8,6 +9,12 @@
 //   B (16 x 8, k x n), 2 registers:      b0 = B[2c..2c+1][g],   b1 = B[2c+8..2c+9][g]
 //   C (16 x 8, fp32), 4 registers:       c0 = C[g][2c], c1 = C[g][2c+1],
 //                                        c2 = C[g+8][2c], c3 = C[g+8][2c+1]
+//
+// fp32 keeps that layout, each register a pair of floats (Operand<float>::Reg, uint2: x the
+// even k, y the odd one): m16n8k8.tf32's fragments (a0 = A[g][c], a1 = A[g+8][c], a2 =
+// A[g][c+4], a3 = A[g+8][c+4]; b0 = B[c][g], b1 = B[c+4][g]; C as above) of the tile's even
+// columns k = 2κ are then the x halves a lane holds, and of its odd ones the y halves. So
+// every kernel moves its fragments as it does for 16 bits, twice the bytes.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -17,8 +24,62 @@
 
 namespace rnncc {
 
-// Two floats rounded to the 16-bit type T, low half first (the lower k or column index).
-template <typename T> __device__ __forceinline__ uint32_t pack2(float lo, float hi);
+// The product's operands for storage type T: Reg, one fragment register (a pair of adjacent k
+// elements), Bits, one element's bits as stored in the exchange, Quad, four registers as one
+// access (an A fragment; a lane loads and stores it whole).
+template <typename T> struct Operand {  // bf16, fp16
+  typedef uint32_t Reg;
+  typedef unsigned short Bits;
+  typedef uint4 Quad;
+  typedef uint2 Duo;  // two registers
+};
+template <> struct Operand<float> {
+  typedef uint2 Reg;
+  typedef unsigned Bits;
+  struct alignas(16) Quad { uint4 lo, hi; };
+  typedef uint4 Duo;
+};
+
+// Four registers as one Quad, and back; two as one Duo, and back.
+__device__ __forceinline__ uint4 quad(const uint32_t (&r)[4]) { return make_uint4(r[0], r[1], r[2], r[3]); }
+__device__ __forceinline__ Operand<float>::Quad quad(const uint2 (&r)[4]) {
+  return {make_uint4(r[0].x, r[0].y, r[1].x, r[1].y), make_uint4(r[2].x, r[2].y, r[3].x, r[3].y)};
+}
+__device__ __forceinline__ void unquad(const uint4& v, uint32_t (&r)[4]) {
+  r[0] = v.x;
+  r[1] = v.y;
+  r[2] = v.z;
+  r[3] = v.w;
+}
+__device__ __forceinline__ void unquad(const Operand<float>::Quad& v, uint2 (&r)[4]) {
+  r[0] = make_uint2(v.lo.x, v.lo.y);
+  r[1] = make_uint2(v.lo.z, v.lo.w);
+  r[2] = make_uint2(v.hi.x, v.hi.y);
+  r[3] = make_uint2(v.hi.z, v.hi.w);
+}
+__device__ __forceinline__ uint2 duo(const uint32_t r0, const uint32_t r1) { return make_uint2(r0, r1); }
+__device__ __forceinline__ uint4 duo(const uint2 r0, const uint2 r1) { return make_uint4(r0.x, r0.y, r1.x, r1.y); }
+__device__ __forceinline__ void unduo(const uint2& v, uint32_t& r0, uint32_t& r1) {
+  r0 = v.x;
+  r1 = v.y;
+}
+__device__ __forceinline__ void unduo(const uint4& v, uint2& r0, uint2& r1) {
+  r0 = make_uint2(v.x, v.y);
+  r1 = make_uint2(v.z, v.w);
+}
+// Loads and stores through L2 only (ld.global.cg / st.global.cg) of a Quad.
+__device__ __forceinline__ uint4 ldcg(const uint4* p) { return __ldcg(p); }
+__device__ __forceinline__ Operand<float>::Quad ldcg(const Operand<float>::Quad* p) {
+  return {__ldcg(&p->lo), __ldcg(&p->hi)};
+}
+__device__ __forceinline__ void stcg(uint4* p, const uint4& v) { __stcg(p, v); }
+__device__ __forceinline__ void stcg(Operand<float>::Quad* p, const Operand<float>::Quad& v) {
+  __stcg(&p->lo, v.lo);
+  __stcg(&p->hi, v.hi);
+}
+
+// Two floats rounded to T, low half first (the lower k or column index).
+template <typename T> __device__ __forceinline__ typename Operand<T>::Reg pack2(float lo, float hi);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float lo, float hi) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
@@ -27,11 +88,14 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float lo, float hi
   const __half2 v = __floats2half2_rn(lo, hi);
   return *reinterpret_cast<const uint32_t*>(&v);
 }
+template <> __device__ __forceinline__ uint2 pack2<float>(float lo, float hi) {
+  return make_uint2(__float_as_uint(lo), __float_as_uint(hi));
+}
 
 // c += A · B for one 16 x 8 x 16 tile, warp-wide; fp32 accumulation.
 template <typename T>
-__device__ __forceinline__ void mma16816(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1);
+__device__ __forceinline__ void mma16816(float (&c)[4], const typename Operand<T>::Reg (&a)[4],
+                                         typename Operand<T>::Reg b0, typename Operand<T>::Reg b1);
 template <>
 __device__ __forceinline__ void mma16816<__nv_bfloat16>(float (&c)[4], const uint32_t (&a)[4],
                                                         uint32_t b0, uint32_t b1) {
@@ -49,6 +113,54 @@ __device__ __forceinline__ void mma16816<__half>(float (&c)[4], const uint32_t (
       "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 3xTF32: x = big + small, big = x rounded to tf32, small = the rest (the tensor cores read a
+// tf32 operand's 19 high bits: big rounded by adding half of its last place, small truncated);
+// a product of two such sums is big·big + big·small + small·big to about fp32's accuracy (the
+// dropped small·small is below 2^-20 of it), three m16n8k8.tf32 products. The split is asm
+// volatile: an operand kept for the whole sequence (R) is split again at every use, rather
+// than the compiler hoisting its splits out of the step loop and holding twice its registers.
+__device__ __forceinline__ void split_tf32(const uint32_t x, uint32_t& big, uint32_t& small) {
+  asm volatile(
+      "{ .reg .b32 m; .reg .f32 r;\n"
+      "  add.u32 %0, %2, 4096;\n"
+      "  and.b32 m, %0, 0xffffe000;\n"
+      "  sub.f32 r, %3, m;\n"
+      "  mov.b32 %1, r; }"
+      : "=r"(big), "=r"(small)
+      : "r"(x), "f"(__uint_as_float(x)));
+}
+__device__ __forceinline__ void mma1688_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t b0, const uint32_t b1) {
+  asm(
+      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+      "{%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+// The tile's four products of small parts (big·small, small·big of each k8 half) go into an
+// accumulator of their own, added to c once: c's chain of dependent mma (a kernel's product
+// runs one per k tile) is then two per tile rather than six.
+template <>
+__device__ __forceinline__ void mma16816<float>(float (&c)[4], const uint2 (&a)[4], uint2 b0, uint2 b1) {
+  uint32_t ab[2][4], as[2][4], bb[2][2], bs[2][2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {  // h = 0: the even k (x halves), 1: the odd k (y)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) split_tf32(h ? a[i].y : a[i].x, ab[h][i], as[h][i]);
+    split_tf32(h ? b0.y : b0.x, bb[h][0], bs[h][0]);
+    split_tf32(h ? b1.y : b1.x, bb[h][1], bs[h][1]);
+  }
+  float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    mma1688_tf32(t, as[h], bb[h][0], bb[h][1]);
+    mma1688_tf32(t, ab[h], bs[h][0], bs[h][1]);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) mma1688_tf32(c, ab[h], bb[h][0], bb[h][1]);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) c[i] += t[i];
 }
 
 }  // namespace rnncc
@@ -200,7 +312,8 @@ __device__ __forceinline__ void store_pair(E* p, E lo, E hi) {
 
 namespace rnncc {
 
-// The grid tier's exchange between the blocks of one head: values as their 16 bits, written
+// The grid tier's exchange between the blocks of one head: values as their bits (16, or 32
+// for fp32: Operand<T>::Bits), written
 // with ordinary stores, and a counter per batch chunk, to which each producing warp adds 1
 // with release semantics once its values of a step are out (xchg_count, after a __syncwarp:
 // the release covers the whole warp's stores). A reader polls the counter with acquire loads
@@ -214,17 +327,21 @@ namespace rnncc {
 // every word, double the bytes a block takes in every step: benchmarks/exchange_bench.cu
 // times both). Every poll is an L2 request to the counter's line, and more pollers lengthen
 // the step: one polling thread per block, one counter per batch chunk.
-template <typename T> __device__ __forceinline__ unsigned short bits16(T v);
-template <> __device__ __forceinline__ unsigned short bits16<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
-template <> __device__ __forceinline__ unsigned short bits16<__half>(__half v) { return __half_as_ushort(v); }
+template <typename T> __device__ __forceinline__ typename Operand<T>::Bits bits(T v);
+template <> __device__ __forceinline__ unsigned short bits<__nv_bfloat16>(__nv_bfloat16 v) { return __bfloat16_as_ushort(v); }
+template <> __device__ __forceinline__ unsigned short bits<__half>(__half v) { return __half_as_ushort(v); }
+template <> __device__ __forceinline__ unsigned bits<float>(float v) { return __float_as_uint(v); }
 
 template <typename T>
-__device__ __forceinline__ void xchg_put(unsigned short* p, T v) { *p = bits16(v); }
+__device__ __forceinline__ void xchg_put(typename Operand<T>::Bits* p, T v) { *p = bits(v); }
 
-// Two adjacent values; p is 4-byte aligned.
+// Two adjacent values; p is aligned to both.
 template <typename T>
-__device__ __forceinline__ void xchg_put2(unsigned short* p, T lo, T hi) {
-  *reinterpret_cast<unsigned*>(p) = (unsigned)bits16(lo) | ((unsigned)bits16(hi) << 16);
+__device__ __forceinline__ void xchg_put2(typename Operand<T>::Bits* p, T lo, T hi) {
+  if constexpr (sizeof(T) == 4)
+    *reinterpret_cast<uint2*>(p) = make_uint2(bits(lo), bits(hi));
+  else
+    *reinterpret_cast<unsigned*>(p) = (unsigned)bits(lo) | ((unsigned)bits(hi) << 16);
 }
 
 __device__ __forceinline__ void xchg_count(unsigned* p) {
@@ -253,26 +370,44 @@ __device__ __forceinline__ int frag_pos(int d) {
   return (d & ~31) + 8 * c + 4 * ((d >> 4) & 1) + 2 * (r >> 3) + (r & 1);
 }
 
+// 16 bytes at p, through L2 only.
+__device__ __forceinline__ uint4 ld_cg4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+  return v;
+}
+
 // The fragment registers of k tiles [kt0, kt0 + kKT) of one batch row published in fragment
 // order, its pair of k tiles p at row + kPairStride p (b0, b1 of h; a0, a2 or a1, a3 of dg):
-// 16-byte loads when kt0 and kKT are even, else 8-byte ones; zero for a dead row and past
-// kTiles tiles.
-template <int kKT, int kTiles, int kPairStride>
-__device__ __forceinline__ void load_fragments(const unsigned short* row, int kt0, int c, bool live, uint32_t (&b)[kKT][2]) {
+// 16-byte loads (fp32: two) when kt0 and kKT are even, else one 8-byte (fp32: 16-byte) load
+// a tile; zero for a dead row and past kTiles tiles.
+template <int kKT, int kTiles, int kPairStride, typename Bits, typename Reg>
+__device__ __forceinline__ void load_fragments(const Bits* row, int kt0, int c, bool live, Reg (&b)[kKT][2]) {
+  static_assert(sizeof(Reg) == 2 * sizeof(Bits), "a register holds two values");
   if constexpr (kKT % 2 == 0) {
     if (kt0 % 2 == 0) {
 #pragma unroll
       for (int i = 0; i < kKT; i += 2) {
         uint4 v = make_uint4(0u, 0u, 0u, 0u);
-        if (live && kt0 + i < kTiles)
-          asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
-                       : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-                       : "l"(row + kPairStride * ((kt0 + i) >> 1) + 8 * c)
-                       : "memory");
-        b[i][0] = v.x;
-        b[i][1] = v.y;
-        b[i + 1][0] = v.z;
-        b[i + 1][1] = v.w;
+        if constexpr (sizeof(Bits) == 4) {
+          uint4 w = v;
+          if (live && kt0 + i < kTiles) {
+            v = ld_cg4(row + kPairStride * ((kt0 + i) >> 1) + 8 * c);
+            w = ld_cg4(row + kPairStride * ((kt0 + i) >> 1) + 8 * c + 4);
+          }
+          unduo(v, b[i][0], b[i][1]);
+          unduo(w, b[i + 1][0], b[i + 1][1]);
+        } else {
+          if (live && kt0 + i < kTiles)
+            asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
+                         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                         : "l"(row + kPairStride * ((kt0 + i) >> 1) + 8 * c)
+                         : "memory");
+          b[i][0] = v.x;
+          b[i][1] = v.y;
+          b[i + 1][0] = v.z;
+          b[i + 1][1] = v.w;
+        }
       }
       return;
     }
@@ -280,14 +415,20 @@ __device__ __forceinline__ void load_fragments(const unsigned short* row, int kt
 #pragma unroll
   for (int i = 0; i < kKT; ++i) {
     const int kt = kt0 + i;
-    uint2 v = make_uint2(0u, 0u);
-    if (live && kt < kTiles)
-      asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];"
-                   : "=r"(v.x), "=r"(v.y)
-                   : "l"(row + kPairStride * (kt >> 1) + 8 * c + 4 * (kt & 1))
-                   : "memory");
-    b[i][0] = v.x;
-    b[i][1] = v.y;
+    if constexpr (sizeof(Bits) == 4) {
+      uint4 v = make_uint4(0u, 0u, 0u, 0u);
+      if (live && kt < kTiles) v = ld_cg4(row + kPairStride * (kt >> 1) + 8 * c + 4 * (kt & 1));
+      unduo(v, b[i][0], b[i][1]);
+    } else {
+      uint2 v = make_uint2(0u, 0u);
+      if (live && kt < kTiles)
+        asm volatile("ld.global.cg.v2.b32 {%0, %1}, [%2];"
+                     : "=r"(v.x), "=r"(v.y)
+                     : "l"(row + kPairStride * (kt >> 1) + 8 * c + 4 * (kt & 1))
+                     : "memory");
+      b[i][0] = v.x;
+      b[i][1] = v.y;
+    }
   }
 }
 
@@ -296,14 +437,17 @@ __device__ __forceinline__ void load_fragments(const unsigned short* row, int kt
 // to the compiler (rnncc::opaque_zero). The first mma then waits for all of the group's loads,
 // so ptxas issues them together, one memory round trip; left to itself it may place a load
 // right after the mma that read the previous load's registers (reusing them), a round trip each.
-template <int kKT>
-__device__ __forceinline__ uint32_t or_all(const uint32_t (&b)[kKT][2]) {
+__device__ __forceinline__ uint32_t any_bits(const uint32_t r) { return r; }
+__device__ __forceinline__ uint32_t any_bits(const uint2 r) { return r.x | r.y; }
+template <int kKT, typename Reg>
+__device__ __forceinline__ uint32_t or_all(const Reg (&b)[kKT][2]) {
   uint32_t v = 0u;
 #pragma unroll
-  for (int i = 0; i < kKT; ++i) v |= b[i][0] | b[i][1];
+  for (int i = 0; i < kKT; ++i) v |= any_bits(b[i][0]) | any_bits(b[i][1]);
   return v;
 }
 __device__ __forceinline__ void join(uint32_t& first, const uint32_t all, const uint32_t zero) { first ^= all & zero; }
+__device__ __forceinline__ void join(uint2& first, const uint32_t all, const uint32_t zero) { first.x ^= all & zero; }
 // 0 for any valid batch size (B >= 0), which the compiler cannot know.
 __device__ __forceinline__ uint32_t opaque_zero(const int B) { return (uint32_t)B >> 31; }
 

@@ -243,12 +243,14 @@ def render_fused(
 ) -> GeneratedSource:
     """A fused variant's library: its skeleton ``<variant>.cuh`` on ``traits`` and
     ``kTimeline`` (the build record's ``timeline``: per-row lengths and the reverse direction),
-    the build record in the header as the plan, named ``<cell>_<variant>_d<D>[_timeline].cu``."""
+    the build record in the header as the plan, named ``<cell>_<variant>_d<D>[_<dtype>][_timeline].cu``
+    (a dtype where the build is of one: ``fp32``)."""
     timeline = bool(build.get("timeline"))
+    dtype = f"_{build['dtype']}" if "dtype" in build else ""
     return render_cell(
         cell,
         bwd,
-        filename=f"{cell.name}_{variant}_d{build['D']}{'_timeline' if timeline else ''}.cu",
+        filename=f"{cell.name}_{variant}_d{build['D']}{dtype}{'_timeline' if timeline else ''}.cu",
         plan=f"{variant}, " + json.dumps(build, sort_keys=True),
         skeleton=f"{variant}.cuh",
         traits=[*traits, ("bool", "kTimeline", "true" if timeline else "false")],

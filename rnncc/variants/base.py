@@ -154,6 +154,7 @@ class Variant:
     def library_name(self, cell_name: str, build: Build) -> str:
         d = build.get("D")
         name = f"rnncc_{cell_name}_{self.name}" + (f"_d{d}" if d is not None else "")
+        name += f"_{build['dtype']}" if "dtype" in build else ""
         return name + ("_timeline" if build.get("timeline") else "")
 
 

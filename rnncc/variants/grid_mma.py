@@ -1,4 +1,4 @@
-"""Grid MMA: the fused 16-bit kernels for heads whose R does not fit one SM.
+"""Grid MMA: the fused tensor-core kernels for heads whose R does not fit one SM.
 
 A head's units are split over blocks of 8 (narrow, ``unit_tiles`` 1) or 16 (wide, 2) units,
 each keeping its part of R in registers as mma fragments (wide blocks past 1024 units: the
@@ -8,6 +8,12 @@ go through an exchange buffer in global memory behind a counter per batch chunk,
 waiting only for the values it reads. Every block of a launch must be resident at once (a
 cooperative launch of at most ``blocks_per_sm`` per SM, a number the SM holds whatever
 registers the compiled kernel takes); (head, chunk) pairs beyond that run in further launches.
+
+bf16 and fp16 run ``mma.sync.m16n8k16``; fp32 runs each k16 tile as 3xTF32 (six
+``m16n8k8.tf32``: big·big + big·small + small·big of each operand's split into a tf32 part
+and the tf32 rest, about fp32's accuracy) on the same fragment layout, each register a pair
+of floats: fp32 takes twice the registers, shared memory and exchange bytes per value, and
+runs on narrow blocks only.
 """
 
 from __future__ import annotations
@@ -81,6 +87,26 @@ SPLIT_BW_REGISTERS = 64
 STREAM_FW_REGISTERS = 64
 
 
+#: fp32's forward: its k tiles over at most this many warps (384 threads: 168 registers
+#: each), else over half as many with twice the k tiles (the LSTM at 1024 units spilled over
+#: 16 warps, not over 8); and blocks of at most 4 n tiles (at 8, the forward spilled at 768
+#: units).
+FP32_FORWARD_WARPS = 12
+#: fp32's backward: R's fragments in at most this many registers per thread, the rest of a
+#: warp's k tiles in shared memory (with all of them in registers, 255 a thread, several
+#: cells spilled at 768 and 1024 units).
+FP32_BW_REGISTERS = 48
+FP32_KERNELS = ((1, 1), (2, 1), (4, 1))
+#: Tensor-core time of a k16 tile in fp32 (3xTF32: three products, each two m16n8k8.tf32 at
+#: half the 16-bit rate) against bf16's one m16n8k16.
+TF32X3_FACTOR = 6
+
+
+def reg_words(p: Problem) -> int:
+    """32-bit words of one fragment register: a pair of 16-bit values (1) or of floats (2)."""
+    return p.dtype_bytes // 2
+
+
 def k_tiles(p: Problem) -> int:
     return cdiv(p.head_dim, 16)
 
@@ -102,9 +128,9 @@ def split(p: Problem, uw: int) -> bool:
 
 
 def fragments(p: Problem, uw: int, backward: bool) -> int:
-    """A k tile's fragments of R in a block (16 bytes a lane each): forward, one per m tile
-    (the gate pairs of each unit tile); backward, narrow one B fragment (8 bytes), else one
-    A fragment of Rᵀ per 16 units."""
+    """A k tile's fragments of R in a block (16 bytes a lane each, fp32 32): forward, one per
+    m tile (the gate pairs of each unit tile); backward, narrow one B fragment (8 bytes, fp32
+    16), else one A fragment of Rᵀ per 16 units."""
     if backward:
         return max(uw // 2, 1)
     return uw * gate_pairs(p)
@@ -112,10 +138,14 @@ def fragments(p: Problem, uw: int, backward: bool) -> int:
 
 def forward_warps(p: Problem, uw: int) -> tuple[int, int]:
     """(warps, k tiles each) of R·h: 16 k tiles' fragments per warp at most (64 registers),
-    fewer where the block's gate pairs take more; split blocks: SPLIT_WARPS warps."""
+    fewer where the block's gate pairs take more; fp32 (two words a register) half as many
+    while that takes at most FP32_FORWARD_WARPS warps; split blocks: SPLIT_WARPS warps."""
     if split(p, uw):
         return SPLIT_WARPS, cdiv(k_tiles(p), SPLIT_WARPS)
-    kt = 1 if gate_pairs(p) * uw >= 16 else 16 // (gate_pairs(p) * uw)
+    per_tile = gate_pairs(p) * uw
+    kt = 1 if per_tile >= 16 else 16 // per_tile
+    if p.dtype == "fp32" and cdiv(k_tiles(p), max(kt // 2, 1)) <= FP32_FORWARD_WARPS:
+        kt = max(kt // 2, 1)
     w = cdiv(k_tiles(p), kt)
     return w, cdiv(k_tiles(p), w)
 
@@ -124,7 +154,8 @@ def backward_warps(p: Problem, uw: int) -> tuple[int, int]:
     """(warps, k tiles each) of dgᵀ·R. Narrow (R as B fragments, 2 registers per k tile): 24
     k tiles per warp while that takes at most 8 warps, else 32. Wide (R as A fragments, 4
     per k tile): 8 k tiles per warp while that takes at most 12 warps, else 16; split blocks:
-    SPLIT_WARPS warps."""
+    SPLIT_WARPS warps. (fp32's fragments take twice the registers, but more warps would lower
+    a thread's share more: at 768 units, 12 warps of 16 k tiles spilled, 8 of 24 do not.)"""
     g = gate_tiles(p)
     if split(p, uw):
         return SPLIT_WARPS, cdiv(g, SPLIT_WARPS)
@@ -137,22 +168,27 @@ def backward_warps(p: Problem, uw: int) -> tuple[int, int]:
 
 def _tile_bytes(p: Problem, uw: int, backward: bool) -> int:
     """Bytes of one k tile of a warp's R fragments, all lanes."""
-    return fragments(p, uw, backward) * 32 * (8 if backward and uw == 1 else 16)
+    return fragments(p, uw, backward) * 32 * (8 if backward and uw == 1 else 16) * reg_words(p)
 
 
 def _tiles(p: Problem, uw: int, backward: bool) -> tuple[int, int, int]:
     """Where a warp's k tiles of R live: (in registers, in shared memory, in global memory).
-    All in registers, except on split blocks: the first as many as SPLIT_FW_REGISTERS (or
+    All in registers, except in fp32's backward (as many as FP32_BW_REGISTERS hold, the rest
+    in shared memory) and on split blocks: the first as many as SPLIT_FW_REGISTERS (or
     SPLIT_BW_REGISTERS) hold, then the rest in shared memory (wide blocks), or as many of them
     as leave room for the partial sums of the widest kernel (streaming blocks) and the rest in
     global memory."""
     warps, kt = (backward_warps if backward else forward_warps)(p, uw)
+    per_tile = fragments(p, uw, backward) * (2 if backward and uw == 1 else 4) * reg_words(p)
     if not split(p, uw):
+        if p.dtype == "fp32" and backward:
+            regs = min(kt, FP32_BW_REGISTERS // per_tile)
+            return regs, kt - regs, 0
         return kt, 0, 0
     budget = SPLIT_BW_REGISTERS if backward else SPLIT_FW_REGISTERS
     if uw == 4 and not backward:
         budget = STREAM_FW_REGISTERS
-    regs = min(kt, budget // (4 * fragments(p, uw, backward)))
+    regs = min(kt, budget // per_tile)
     if uw != 4:
         return regs, kt - regs, 0
     nt = max(n for n, w in STREAM_KERNELS if w == uw)
@@ -218,8 +254,8 @@ def backward_smem(p: Problem, nt: int, uw: int) -> int:
 
 
 def exchange_words(p: Problem) -> int:
-    """16-bit exchange values per (head, batch row): dg's gate rows in fragment order, whole
-    pairs of k tiles (h fits in them)."""
+    """Exchange values per (head, batch row) (of the storage dtype): dg's gate rows in
+    fragment order, whole pairs of k tiles (h fits in them)."""
     return 32 * cdiv(gate_tiles(p), 2)
 
 
@@ -239,12 +275,21 @@ def wide_head_dim_limit(caps: HardwareCaps | None) -> int:
 
 
 def wide_allowed(p: Problem, caps: HardwareCaps | None = None, uw: int = 2) -> bool:
-    """Whether blocks of ``uw`` unit tiles (2: wide, 4: streaming) build for ``p``."""
+    """Whether blocks of ``uw`` unit tiles (2: wide, 4: streaming) build for ``p``: 16-bit
+    storage only (fp32's fragments take twice the registers)."""
+    if p.dtype == "fp32":
+        return False
     if uw == 4 or p.head_dim > NARROW_MAX_HEAD_DIM:
         return hopper(caps)
     return p.n_states + p.n_params <= WIDE_MAX_STATE_WORDS and p.head_dim <= wide_head_dim_limit(
         caps
     )
+
+
+def fp32_record(problem: Problem) -> dict[str, Any]:
+    """The part of a build record that says its kernels store fp32 (3xTF32, fp32's register
+    budgets): ``{"dtype": "fp32"}``, else nothing (one library runs bf16 and fp16)."""
+    return {"dtype": "fp32"} if problem.dtype == "fp32" else {}
 
 
 # -- constraints ---------------------------------------------------------------------------
@@ -326,7 +371,7 @@ def streams_what_the_chip_cannot_hold(p: Problem, caps: HardwareCaps) -> bool:
 
 
 def kernel_exists(p: Problem, caps: HardwareCaps, nt: int, uw: int) -> bool:
-    return (nt, uw) in KERNELS
+    return (nt, uw) in (FP32_KERNELS if p.dtype == "fp32" else KERNELS)
 
 
 def smem_limit(caps: HardwareCaps) -> int:
@@ -349,6 +394,8 @@ def _kernel_table(
     Hopper)."""
     table = []
     for nt, uw in kernels:
+        if p.dtype == "fp32" and (nt, uw) not in FP32_KERNELS:
+            continue
         if uw != 1 and not wide_allowed(p, caps, uw):
             continue
         if uw == 1 and p.head_dim > NARROW_MAX_HEAD_DIM:
@@ -398,6 +445,7 @@ def _traits(build: Any) -> list[tuple[str, str, Any]]:
 
     return [
         ("int", "kD", build["D"]),
+        ("bool", "kFp32", "true" if build.get("dtype") == "fp32" else "false"),
         ("int", "kBC", build["batch_chunk"]),
         ("int", "kXWords", build["exchange_words"]),
         ("int", "kFwL2Claim", build["fw_l2_claim"]),
@@ -470,21 +518,28 @@ BATCH_TILES = Constraint(
 class GridMma(Variant):
     name = "grid_mma"
     kernels: ClassVar[tuple[tuple[int, int], ...]] = KERNELS
-    summary = "mma.sync grid tier: a head's units over co-resident blocks, h exchanged through L2"
-    dtypes = ("fp16", "bf16")
+    summary = (
+        "mma.sync grid tier: a head's units over co-resident blocks, h exchanged through L2 "
+        "(fp32 as 3xTF32)"
+    )
+    dtypes = ("fp16", "bf16", "fp32")
     host = "fused"
     constraints: ClassVar[tuple[Constraint, ...]] = (
         R_TILE,
         Constraint(
             "kernel_exists",
             "the library builds blocks of (n_tiles, unit_tiles) in "
-            + ", ".join(str(k) for k in KERNELS),
+            + ", ".join(str(k) for k in KERNELS)
+            + " (fp32: "
+            + ", ".join(str(k) for k in FP32_KERNELS)
+            + ")",
             kernel_exists,
             ("n_tiles", "unit_tiles"),
         ),
         Constraint(
             "wide_blocks_fit_registers",
-            f"wide blocks (16 units) only for cells of at most {WIDE_MAX_STATE_WORDS} states "
+            f"wide blocks (16 units) only in 16-bit storage, for cells of at most "
+            f"{WIDE_MAX_STATE_WORDS} states "
             f"plus params and head dims ≤ {WIDE_MAX_HEAD_DIM} (Hopper) or "
             f"{WIDE_MAX_HEAD_DIM_BEFORE_HOPPER} (sm_80, sm_86, sm_89); past "
             f"{NARROW_MAX_HEAD_DIM} on Hopper, split between registers and shared memory",
@@ -535,6 +590,7 @@ class GridMma(Variant):
             "bw_l2_claim": round(1000 * STREAM_L2_CLAIM_BW),
             "kernels": _kernel_table(problem, LIBRARY_SMEM, caps, self.kernels),
             **timeline_record(problem),
+            **fp32_record(problem),
         }
 
     def _kernel(
@@ -563,7 +619,8 @@ class GridMma(Variant):
         heads, chunks, launches = self._split(problem, caps, point)
         grid = (blocks_per_head(problem, point["unit_tiles"]), heads, chunks)
         b8 = cdiv(problem.batch, 8) * 8
-        words = problem.heads * b8 * exchange_words(problem) + problem.heads * (b8 // 8)
+        values = problem.heads * b8 * exchange_words(problem) * reg_words(problem)  # 2 slots
+        words = values + problem.heads * (b8 // 8)
         uw = point["unit_tiles"]
         streamed = max(streamed_bytes(problem, uw, False), streamed_bytes(problem, uw, True))
         l2_from = l2_bytes = 0
@@ -589,6 +646,8 @@ class GridMma(Variant):
         nbytes = rows * p.head_dim * p.dtype_bytes
         gather = max(nbytes / GRID_GATHER_BYTES_PER_US, bps * nbytes / GRID_SM_GATHER_BYTES_PER_US)
         product = bps * mma_us(max(p.gates_r, 1) * units * k_tiles(p) * 16 * rows, caps)
+        if p.dtype == "fp32":
+            product *= TF32X3_FACTOR
         cell = pointwise_us(p, caps, bps * units * rows)  # co-resident blocks' chains overlap
         terms: tuple[tuple[str, float], ...] = (
             ("wait", GRID_STEP_US),

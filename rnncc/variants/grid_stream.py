@@ -36,6 +36,7 @@ class GridStream(GridMma):
         "their registers and shared memory do not hold from memory each step"
     )
     kernels = STREAM_KERNELS
+    dtypes = ("fp16", "bf16")
     constraints = (
         R_TILE,
         Constraint(

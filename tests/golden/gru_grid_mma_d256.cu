@@ -45,6 +45,7 @@ struct Cell {
   static constexpr int kRec = 0;  // the recurrent state: h
   // The plan's constants.
   static constexpr int kD = 256;
+  static constexpr bool kFp32 = false;
   static constexpr int kBC = 8;
   static constexpr int kXWords = 768;
   static constexpr int kFwL2Claim = 850;

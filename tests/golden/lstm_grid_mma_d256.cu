@@ -43,6 +43,7 @@ struct Cell {
   static constexpr int kRec = 0;  // the recurrent state: h
   // The plan's constants.
   static constexpr int kD = 256;
+  static constexpr bool kFp32 = false;
   static constexpr int kBC = 8;
   static constexpr int kXWords = 1024;
   static constexpr int kFwL2Claim = 850;

@@ -1,5 +1,5 @@
-"""The grid-tier fused variant (grid_mma, bf16/fp16) against the float64 reference (``pytest
--m gpu`` on a GPU machine): heads too large for one SM, every example once."""
+"""The grid-tier fused variant (grid_mma: bf16/fp16, and fp32 as 3xTF32) against the float64
+reference (``pytest -m gpu`` on a GPU machine): heads too large for one SM, every example once."""
 
 from __future__ import annotations
 
@@ -46,10 +46,30 @@ GRID_CASES = [
 ]
 
 
+#: fp32 (3xTF32, narrow blocks of at most 4 n tiles): the largest heads of the cells with the
+#: most registers, a head dim that is not a multiple of 16 with several heads, 1 to 4 n
+#: tiles, and two chunks launched in turn (B = 64 at 768 units).
+FP32_CASES = [
+    {"example": e, "dtype": "fp32", "B": B, "D": D, "NH": NH, "T": T}
+    for e, B, D, NH, T in [
+        ("elman", 5, 136, 1, 9),
+        ("gru", 16, 1024, 1, 12),
+        ("janet", 40, 200, 2, 17),
+        ("lstm", 4, 1024, 1, 12),
+        ("lstm", 16, 768, 1, 20),
+        ("lstm", 64, 768, 1, 6),
+        ("mingru", 9, 136, 3, 21),
+        ("peephole_lstm", 2, 1024, 1, 11),
+        ("slstm", 16, 768, 1, 20),
+        ("sru", 4, 520, 1, 18),
+    ]
+]
+
+
 @pytest.fixture(scope="module")
 def cells():
     loaded = load_examples()
-    prepare(loaded, GRID_CASES)
+    prepare(loaded, GRID_CASES + FP32_CASES)
     return loaded
 
 
@@ -58,3 +78,12 @@ def test_grid_variant_matches_float64_reference(cells, case):
     cell = cells[case["example"]]
     plan = check_against_reference(cell, case, "fused")
     assert plan.variant == "grid_mma"
+
+
+@pytest.mark.parametrize("case", FP32_CASES, ids=case_id)
+def test_grid_variant_in_fp32_matches_float64_reference(cells, case):
+    """3xTF32 within float32's tolerance (1e-5 relative) of the float64 reference."""
+    cell = cells[case["example"]]
+    plan = check_against_reference(cell, case, "fused")
+    assert plan.variant == "grid_mma" and plan.build["dtype"] == "fp32"
+    assert {k["unit_tiles"] for k in plan.build["kernels"]} == {1}

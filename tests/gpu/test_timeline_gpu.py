@@ -45,6 +45,7 @@ def _cases():
         ("grid_mma", "fused", "bf16", 16, 256, 2, 11, EXAMPLES),
         ("grid_mma", "fused", "bf16", 16, 768, 2, 9, ["lstm", "gru"]),  # a bidirectional 768
         ("grid_mma", "fused", "fp16", 70, 768, 1, 7, ["lstm"]),  # narrow, two parts
+        ("grid_mma", "fused", "fp32", 16, 768, 2, 9, ["lstm", "gru"]),  # 3xTF32
         ("stepwise", "stepwise", "bf16", 6, 48, 2, 8, ["lstm", "gru", "slstm"]),
     ]
     for variant, backend, dt, B, D, NH, T, examples in tiers:

@@ -448,14 +448,19 @@ def test_fused_backend_names_the_constraints_it_hits(monkeypatch) -> None:
     cell = _on_h100(lstm(), monkeypatch)
     plan = cell._choose("fused", _cuda_like(), _sizes(16, 1, 65))
     assert plan.variant == "grid_mma"
+    assert cell._choose("fused", _cuda_like(torch.float32), _sizes(16, 1, 65)).variant == "grid_mma"
     with pytest.raises(rnncc.TilingError) as err:
-        cell._choose("fused", _cuda_like(torch.float32), _sizes(16, 1, 65))
-    assert str(err.value).splitlines() == [
-        "cell 'lstm': no fused kernel for head dim 65: no kernel variant runs Gr=4, NH=1, D=65, "
-        "B=16, fp32 on NVIDIA H100 SXM (132 SMs)",
-        "  block_ffma: ruled out by",
-        "    r_row_fits_registers: a thread holds one row of R as float: head dim ≤ 64",
-        "  block_mma, grid_mma, grid_stream, grid_sparse: store fp16 and bf16 only, not fp32",
+        cell._choose("fused", _cuda_like(torch.float32), _sizes(16, 1, 1025))
+    lines = str(err.value).splitlines()
+    assert lines[0] == (
+        "cell 'lstm': no fused kernel for head dim 1025: no kernel variant runs Gr=4, NH=1, "
+        "D=1025, B=16, fp32 on NVIDIA H100 SXM (132 SMs)"
+    )
+    assert lines[-4:] == [
+        "  grid_mma: ruled out by",
+        "    narrow_blocks_fit_registers: narrow blocks (8 units, R in registers) only up to head "
+        "dim 1024",
+        "  block_mma, grid_stream, grid_sparse: store fp16 and bf16 only, not fp32",
         "use backend='stepwise' (or 'auto')",
     ]
     assert cell._choose("fused", _cuda_like(), _sizes(16, 1, 2048)).variant == "grid_mma"

@@ -75,26 +75,27 @@ def test_wide_blocks_are_ruled_out_by_their_own_constraints(
     assert broken(p4096, 2, 2) == {"partial_sums_fit_shared_memory"}
 
 
-def test_fp32_past_64_has_no_fused_variant(
+def test_fp32_past_1024_has_no_fused_variant(
     problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:
-    with pytest.raises(TilingError) as info:
-        solve(problem("lstm", 1, 65, dtype="fp32"), h100, FUSED)
-    message = str(info.value)
-    # A thread holds one row of R: 65 floats. The block's other limits still hold: 260
-    # threads, (65 × 8 + 8 × 260) × 4 B forward and (65 × 8 × 4 + 8 × 260) × 4 B backward.
-    assert _ruled_out(message) == {"block_ffma": ["r_row_fits_registers"]}
-    assert "head dim ≤ 64" in message
-    # and why the tensor-core variants are not among them
-    assert message.endswith(
-        "\n  block_mma, grid_mma, grid_stream, grid_sparse: store fp16 and bf16 only, not fp32"
-    )
     assert solve(problem("lstm", 1, 64, dtype="fp32"), h100, FUSED).variant == "block_ffma"
+    # Past a thread's row of 64 floats, the grid tier's narrow blocks (3xTF32) up to 1024.
+    assert solve(problem("lstm", 1, 65, dtype="fp32"), h100, FUSED).variant == "grid_mma"
+    assert solve(problem("lstm", 1, 1024, dtype="fp32"), h100, FUSED).variant == "grid_mma"
+    with pytest.raises(TilingError) as info:
+        solve(problem("lstm", 1, 1025, dtype="fp32"), h100, FUSED)
+    message = str(info.value)
+    assert _ruled_out(message)["grid_mma"] == ["narrow_blocks_fit_registers"]
+    assert "head dim ≤ 64" in message
+    # and why the other tensor-core variants are not among them
+    assert message.endswith(
+        "\n  block_mma, grid_stream, grid_sparse: store fp16 and bf16 only, not fp32"
+    )
 
 
 def test_no_variant_stores_the_dtype(problem: Callable[..., Problem], h100: HardwareCaps) -> None:
-    sixteen_bit = [BY_NAME["block_mma"], BY_NAME["grid_mma"]]
-    with pytest.raises(TilingError, match="none of block_mma, grid_mma stores fp32"):
+    sixteen_bit = [BY_NAME["block_mma"], BY_NAME["grid_stream"]]
+    with pytest.raises(TilingError, match="none of block_mma, grid_stream stores fp32"):
         solve(problem("lstm", 12, 64, dtype="fp32"), h100, sixteen_bit)
 
 
@@ -108,8 +109,7 @@ def test_stepwise_runs_what_no_fused_variant_does(
     assert "  other       grid_stream: ruled out by head_blocks_co_resident" in text
     assert "  other       block_mma: ruled out by block_warps, r_fragments_fit_registers" in text
     assert text.endswith("\n  other       block_ffma: store fp32 only, not bf16")
-    fp32 = solve(problem("lstm", 1, 768, dtype="fp32"), h100).explain().splitlines()
+    fp32 = solve(problem("lstm", 1, 1536, dtype="fp32"), h100).explain().splitlines()
     assert fp32[-1] == (
-        "  other       block_mma, grid_mma, grid_stream, grid_sparse: store fp16 and bf16 only, "
-        "not fp32"
+        "  other       block_mma, grid_stream, grid_sparse: store fp16 and bf16 only, not fp32"
     )

@@ -65,9 +65,9 @@ def test_1x1024_bf16_is_narrow_grid_blocks(
 @pytest.mark.parametrize(
     ("cell", "heads", "head_dim", "dtype"),
     [
-        ("lstm", 1, 768, "fp32"),  # a row of R is 768 floats: block_ffma stops at 64
+        ("lstm", 1, 1536, "fp32"),  # fp32 runs narrow grid blocks only: 1024 units at most
         ("lstm", 1, 8192, "bf16"),  # 256 streaming blocks of 32 units: more than 132 SMs
-        ("gru", 2, 384, "fp32"),
+        ("gru", 2, 2048, "fp32"),
     ],
 )
 def test_past_the_fused_variants_runs_stepwise(
@@ -90,6 +90,31 @@ def test_fp32_small_heads_run_ffma_blocks(
         plan = solve(problem(cell, 12, 64, dtype="fp32"), h100)
         assert plan.variant == "block_ffma"
         assert _forward(plan) == (0, (12, 2, 1), threads, 0, 1)
+
+
+def test_fp32_past_64_runs_narrow_grid_blocks_as_3xtf32(
+    problem: Callable[..., Problem], h100: HardwareCaps
+) -> None:
+    # 768 units: 96 narrow blocks of 2 n tiles (B = 16); fp32's pairs of words halve a
+    # forward warp's k tiles (12 warps of 4), the backward keeps 8 warps of 24 with 12 of
+    # them in shared memory; the exchange holds 4-byte values (twice the words).
+    plan = solve(problem("lstm", 1, 768, dtype="fp32"), h100)
+    assert plan.variant == "grid_mma"
+    assert dict(plan.point) == {"n_tiles": 2, "unit_tiles": 1, "blocks_per_sm": 1}
+    assert _forward(plan)[1:3] == ((96, 1, 1), 384)
+    assert plan.launch.exchange_buffer_words == 16 * 3072 * 2 + 2
+    k = plan.build["kernels"][_forward(plan)[0]]
+    assert (k["fw_warps"], k["fw_k_tiles"], k["bw_warps"], k["bw_k_tiles"]) == (12, 4, 8, 24)
+    assert (k["fw_registers"], k["bw_registers"], k["bw_smem_tiles"]) == (4, 12, 12)
+    assert plan.build["dtype"] == "fp32"
+    # no wide blocks, no 8 n tiles: B = 64 takes two chunks of 4 n tiles, launched in turn
+    p64 = solve(problem("lstm", 1, 768, batch=64, dtype="fp32"), h100)
+    assert dict(p64.point)["n_tiles"] == 4 and p64.launch.forward.launches == 2
+    assert {(k["n_tiles"], k["unit_tiles"]) for k in p64.build["kernels"]} == {
+        (1, 1),
+        (2, 1),
+        (4, 1),
+    }
 
 
 def test_cells_with_many_state_words_keep_narrow_blocks(

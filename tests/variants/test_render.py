@@ -34,12 +34,17 @@ STREAM, SPARSE = BY_NAME["grid_stream"], BY_NAME["grid_sparse"]
 
 
 def problem(
-    cell: Cell, D: int, variant: Variant, batch: int = 16, timeline: bool = False
+    cell: Cell,
+    D: int,
+    variant: Variant,
+    batch: int = 16,
+    timeline: bool = False,
+    dtype: str | None = None,
 ) -> Problem:
-    """One head of ``cell`` at head dim ``D`` in the first storage dtype ``variant`` runs
-    (``timeline``: with per-row lengths or reversed)."""
+    """One head of ``cell`` at head dim ``D`` in ``dtype`` (default: the first storage dtype
+    ``variant`` runs; ``timeline``: with per-row lengths or reversed)."""
     return Problem.from_cell(
-        cell, heads=1, head_dim=D, batch=batch, dtype=variant.dtypes[0], timeline=timeline
+        cell, heads=1, head_dim=D, batch=batch, dtype=dtype or variant.dtypes[0], timeline=timeline
     )
 
 
@@ -51,11 +56,16 @@ def ruled_out(cell: Cell, D: int, variant: Variant, caps=H100) -> list[str]:
 
 
 def render(
-    cell: rnncc.CompiledCell, variant: Variant, D: int, timeline: bool = False, caps=None
+    cell: rnncc.CompiledCell,
+    variant: Variant,
+    D: int,
+    timeline: bool = False,
+    caps=None,
+    dtype: str | None = None,
 ) -> GeneratedSource:
-    """The library of ``variant`` for ``cell`` at head dim ``D``, built for the arch of
-    ``caps`` (None: Hopper's)."""
-    build = variant.build(problem(cell.ir, D, variant, timeline=timeline), caps)
+    """The library of ``variant`` for ``cell`` at head dim ``D`` in ``dtype`` (default: the
+    variant's first), built for the arch of ``caps`` (None: Hopper's)."""
+    build = variant.build(problem(cell.ir, D, variant, timeline=timeline, dtype=dtype), caps)
     return variant.render(cell.ir, cell.backward_ir, build)
 
 
@@ -68,20 +78,21 @@ def example(name: str) -> rnncc.CompiledCell:
     return rnncc.load(ROOT / "examples" / f"{name}.rnn")
 
 
-GOLDEN_CASES = [(p, v, 64) for p in EXAMPLES for v in (FFMA, MMA)]
-GOLDEN_CASES += [(p, GRID, 256) for p in EXAMPLES if p.stem in ("lstm", "gru")]
+GOLDEN_CASES = [(p, v, 64, None) for p in EXAMPLES for v in (FFMA, MMA)]
+GOLDEN_CASES += [(p, GRID, 256, None) for p in EXAMPLES if p.stem in ("lstm", "gru")]
+GOLDEN_CASES += [(p, GRID, 256, "fp32") for p in EXAMPLES if p.stem == "lstm"]
 
 
 @pytest.mark.parametrize(
-    ("path", "variant", "D"),
+    ("path", "variant", "D", "dtype"),
     GOLDEN_CASES,
-    ids=[f"{p.stem}-{v.name}-d{D}" for p, v, D in GOLDEN_CASES],
+    ids=[f"{p.stem}-{v.name}-d{D}{'-' + t if t else ''}" for p, v, D, t in GOLDEN_CASES],
 )
-def test_golden(path, variant, D, update_golden):
+def test_golden(path, variant, D, dtype, update_golden):
     cell = rnncc.load(path)
     if ruled_out(cell.ir, D, variant):
         pytest.skip(f"{variant.name} does not run {cell.name} at head dim {D}")
-    src = render(cell, variant, D)
+    src = render(cell, variant, D, dtype=dtype)
     golden = GOLDEN / src.filename
     if update_golden:
         golden.write_text(src.text)
@@ -102,9 +113,11 @@ def test_head_dim_limits_of_each_variant():
     assert ruled_out(lstm, 4225, STREAM) == ["head_blocks_co_resident"]
     assert ruled_out(lstm, 65, FFMA) == ["r_row_fits_registers"]
     assert ruled_out(lstm, 65, MMA) == ["r_fragments_fit_registers"]
-    # Past the block tier the 16-bit dtypes run the grid tier; float32 only stepwise.
+    # Past the block tier the grid tier: 16-bit, and float32 as 3xTF32 on narrow blocks.
     assert not ruled_out(lstm, 65, GRID)
-    assert solve(problem(lstm, 65, FFMA), H100).variant == "stepwise"
+    assert solve(problem(lstm, 65, FFMA), H100).variant == "grid_mma"
+    assert solve(problem(lstm, 1024, FFMA), H100).variant == "grid_mma"
+    assert solve(problem(lstm, 1025, FFMA), H100).variant == "stepwise"
     # 129 warps of 8 units: past the block tier's 16.
     assert "block_warps" in ruled_out(lstm, 1025, MMA)
     # A head's blocks, 16 units each past 1024 (R split between registers and shared
@@ -383,9 +396,10 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     at 256 units for every example, at 768 for the largest cells, at a small head once, and
     past 1024 units split wide blocks and streaming blocks.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
-    tier at 256 units (for LSTM, GRU, sLSTM and the peephole LSTM), and the LSTM's at 448 (the largest head of wide blocks there) and, on
-    sm_80, 768 (narrow blocks only: wide ones spilled there). Fewer than on Hopper: the suite's
-    time."""
+    tier at 256 units (for LSTM, GRU, sLSTM and the peephole LSTM), and the LSTM's at 448 (the
+    largest head of wide blocks there) and, on sm_80, 768 (narrow blocks only: wide ones
+    spilled there). Fewer than on Hopper: the suite's time. fp32's grid tier at its largest
+    heads."""
     cells = {c.name: c for c in map(rnncc.load, EXAMPLES)}
     dims = (24, 64) if wide else (64,)
     cases = [(c, v, D) for c in cells.values() for D in dims for v in (FFMA, MMA)]
@@ -408,12 +422,19 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         if caps.arch == "sm_80":
             cases += [(cells["lstm"], GRID, 768)]
     sources = [render(c, v, D, caps=caps) for c, v, D in cases if not ruled_out(c.ir, D, v, caps)]
+    # fp32 (3xTF32, narrow blocks): on Hopper the cells whose kernels take the most registers
+    # at the largest heads (its budgets were set where these spilled), elsewhere the LSTM's.
+    fp32 = [("lstm", 1024), ("gru", 1024), ("slstm", 768), ("peephole_lstm", 1024)]
+    sources += [
+        render(cells[n], GRID, D, caps=caps, dtype="fp32") for n, D in fp32 if wide or n == "lstm"
+    ]
     # The kernels of calls with per-row lengths or reversed (kTimeline), fewer (the suite's
     # time): on Hopper the block variants for every example and the LSTM's grid tier at 256
     # and 768 units (wide blocks); elsewhere the LSTM's block and grid kernels.
     if wide:
         timed = [(c, v, 64) for c in cells.values() for v in (FFMA, MMA)]
         timed += [(cells["lstm"], GRID, 256), (cells["lstm"], GRID, 768)]
+        sources += [render(cells["lstm"], GRID, 768, timeline=True, caps=caps, dtype="fp32")]
     else:
         timed = [(cells["lstm"], v, 64) for v in (FFMA, MMA)] + [(cells["lstm"], GRID, 256)]
     sources += [
