@@ -97,6 +97,9 @@ FP32_FORWARD_WARPS = 12
 #: cells spilled at 768 and 1024 units).
 FP32_BW_REGISTERS = 48
 FP32_KERNELS = ((1, 1), (2, 1), (4, 1))
+#: fp32's backward step against its forward step, as measured on an H100 (the kernels of an
+#: LSTM at 768 units, B = 16: 2.15; 1.9-2.3 over benchmarks/fp32_speed.py's points).
+FP32_BACKWARD_FACTOR = 2.1
 #: Tensor-core time of a k16 tile in fp32 (3xTF32: three products, each two m16n8k8.tf32 at
 #: half the 16-bit rate) against bf16's one m16n8k16.
 TF32X3_FACTOR = 6
@@ -672,7 +675,8 @@ class GridMma(Variant):
                 )
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps, point)[2]
-        return Cost(terms, launches, unit * launches, unit * launches * BACKWARD_FACTOR)
+        factor = FP32_BACKWARD_FACTOR if p.dtype == "fp32" else BACKWARD_FACTOR
+        return Cost(terms, launches, unit * launches, unit * launches * factor)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.source import render_fused
