@@ -12,8 +12,12 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from large_hidden import T, parse_points  # T = 1024; CELL:HIDDEN:B,... points
 
 ROOT = Path(__file__).resolve().parents[1]
 #: (cell, hidden, batch)
@@ -28,18 +32,6 @@ POINTS = [
     ("gru", 768, 16),
     ("gru", 1024, 16),
 ]
-T = 1024
-
-
-def parse_points(text: str) -> list[tuple[str, int, int]]:
-    """``CELL:HIDDEN:B,...`` as (cell, hidden, batch) points."""
-    points = []
-    for item in text.split(","):
-        parts = item.split(":")
-        if len(parts) != 3 or not parts[1].isdigit() or not parts[2].isdigit():
-            raise SystemExit(f"--points: {item!r} is not CELL:HIDDEN:B (e.g. lstm:768:16)")
-        points.append((parts[0], int(parts[1]), int(parts[2])))
-    return points
 
 
 def measure(out: Path, repeats: int, points: list[tuple[str, int, int]]) -> list:
