@@ -32,9 +32,15 @@ def test_auto_picks_fused_where_it_fits_else_stepwise_and_warns_once(cells):
     }
     cell(*(small[k] for k in INPUTS))
     assert cell.last_backend == "fused"
-    x = {
+    grid = {  # float32 past the block tier: the grid tier's 3xTF32 blocks
         k: None if v is None else v.cuda().float()
         for k, v in random_inputs(cell.ir, 2, 3, 1, 80).items()
+    }
+    cell(*(grid[k] for k in INPUTS))
+    assert cell.last_backend == "fused" and cell.last_plan.variant == "grid_mma"
+    x = {  # and past its 1024 units, no fused variant
+        k: None if v is None else v.cuda().float()
+        for k, v in random_inputs(cell.ir, 2, 3, 1, 1040).items()
     }
     with pytest.warns(rnncc.RnnccWarning, match="stepwise"):
         cell(*(x[k] for k in INPUTS))
