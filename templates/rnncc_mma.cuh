@@ -312,16 +312,15 @@ __device__ __forceinline__ void store_pair(E* p, E lo, E hi) {
 
 namespace rnncc {
 
-// The grid tier's exchange between the blocks of one head: values as their bits (16, or 32
-// for fp32: Operand<T>::Bits), written
-// with ordinary stores, and a counter per batch chunk, to which each producing warp adds 1
-// with release semantics once its values of a step are out (xchg_count, after a __syncwarp:
-// the release covers the whole warp's stores). A reader polls the counter with acquire loads
-// until it reaches the step's target (xchg_wait), then a barrier, then the block loads the
-// values: the acquire and the barrier order those loads after the producers' stores.
-// Double-buffered by step parity, so a value is overwritten only after every block has read
-// it (a block writes step s + 2 only after reading everybody's step s + 1, which each wrote
-// after reading step s).
+// The grid tier's exchange between the blocks of one head: values as their bits (16, or 32 for
+// fp32: Operand<T>::Bits), written with ordinary stores, and a counter per batch chunk, to which
+// each producing warp adds 1 with release semantics once its values of a step are out
+// (xchg_count, after a __syncwarp: the release covers the whole warp's stores). A reader polls
+// the counter with acquire loads until it reaches the step's target (xchg_wait), then a barrier,
+// then the block loads the values: the acquire and the barrier order those loads after the
+// producers' stores. Double-buffered by step parity, so a value is overwritten only after every
+// block has read it (a block writes step s + 2 only after reading everybody's step s + 1, which
+// each wrote after reading step s).
 //
 // Values travel without tags (32-bit words carrying a value and its step's tag, checked on
 // every word, double the bytes a block takes in every step: benchmarks/exchange_bench.cu
@@ -397,7 +396,7 @@ __device__ __forceinline__ void load_fragments(const Bits* row, int kt0, int c, 
           }
           unduo(v, b[i][0], b[i][1]);
           unduo(w, b[i + 1][0], b[i + 1][1]);
-        } else {
+        } else {  // (the load written out, not ld_cg4: that changed the 16-bit kernels' code)
           if (live && kt0 + i < kTiles)
             asm volatile("ld.global.cg.v4.b32 {%0, %1, %2, %3}, [%4];"
                          : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)

@@ -92,11 +92,11 @@ STREAM_FW_REGISTERS = 64
 #: 16 warps, not over 8); and blocks of at most 4 n tiles (at 8, the forward spilled at 768
 #: units).
 FP32_FORWARD_WARPS = 12
+FP32_KERNELS = ((1, 1), (2, 1), (4, 1))
 #: fp32's backward: R's fragments in at most this many registers per thread, the rest of a
 #: warp's k tiles in shared memory (with all of them in registers, 255 a thread, several
 #: cells spilled at 768 and 1024 units).
 FP32_BW_REGISTERS = 48
-FP32_KERNELS = ((1, 1), (2, 1), (4, 1))
 #: fp32's backward step against its forward step, as measured on an H100 (the kernels of an
 #: LSTM at 768 units, B = 16: 2.15; 1.9-2.3 over benchmarks/fp32_speed.py's points).
 FP32_BACKWARD_FACTOR = 2.1
@@ -622,7 +622,8 @@ class GridMma(Variant):
         heads, chunks, launches = self._split(problem, caps, point)
         grid = (blocks_per_head(problem, point["unit_tiles"]), heads, chunks)
         b8 = cdiv(problem.batch, 8) * 8
-        values = problem.heads * b8 * exchange_words(problem) * reg_words(problem)  # 2 slots
+        # both slots of values, in 32-bit words (a value is 16 or 32 bits)
+        values = problem.heads * b8 * exchange_words(problem) * reg_words(problem)
         words = values + problem.heads * (b8 // 8)
         uw = point["unit_tiles"]
         streamed = max(streamed_bytes(problem, uw, False), streamed_bytes(problem, uw, True))
