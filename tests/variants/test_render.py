@@ -398,8 +398,8 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
     tier at 256 units (for LSTM, GRU, sLSTM and the peephole LSTM), and the LSTM's at 448 (the
     largest head of wide blocks there) and, on sm_80, 768 (narrow blocks only: wide ones
-    spilled there). Fewer than on Hopper: the suite's time. fp32's grid tier at its largest
-    heads."""
+    spilled there). Fewer than on Hopper: the suite's time. fp32's grid tier where it has the
+    least room."""
     cells = {c.name: c for c in map(rnncc.load, EXAMPLES)}
     dims = (24, 64) if wide else (64,)
     cases = [(c, v, D) for c in cells.values() for D in dims for v in (FFMA, MMA)]
@@ -422,19 +422,20 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         if caps.arch == "sm_80":
             cases += [(cells["lstm"], GRID, 768)]
     sources = [render(c, v, D, caps=caps) for c, v, D in cases if not ruled_out(c.ir, D, v, caps)]
-    # fp32 (3xTF32, narrow blocks): on Hopper the cells whose kernels take the most registers
-    # at the largest heads (its budgets were set where these spilled), elsewhere the LSTM's.
-    fp32 = [("lstm", 1024), ("gru", 1024), ("slstm", 768), ("peephole_lstm", 1024)]
-    sources += [
-        render(cells[n], GRID, D, caps=caps, dtype="fp32") for n, D in fp32 if wide or n == "lstm"
-    ]
+    # fp32 (3xTF32, narrow blocks), the suite's time allowing few: on Hopper the kernels with
+    # the least room (the peephole LSTM's forward at 1024 units, 254 registers; the sLSTM's
+    # backward at 768), on sm_80 the LSTM's at 1024.
+    if wide:
+        fp32 = [("slstm", 768), ("peephole_lstm", 1024)]
+    else:
+        fp32 = [("lstm", 1024)] if caps.arch == "sm_80" else []
+    sources += [render(cells[n], GRID, D, caps=caps, dtype="fp32") for n, D in fp32]
     # The kernels of calls with per-row lengths or reversed (kTimeline), fewer (the suite's
     # time): on Hopper the block variants for every example and the LSTM's grid tier at 256
     # and 768 units (wide blocks); elsewhere the LSTM's block and grid kernels.
     if wide:
         timed = [(c, v, 64) for c in cells.values() for v in (FFMA, MMA)]
         timed += [(cells["lstm"], GRID, 256), (cells["lstm"], GRID, 768)]
-        sources += [render(cells["lstm"], GRID, 768, timeline=True, caps=caps, dtype="fp32")]
     else:
         timed = [(cells["lstm"], v, 64) for v in (FFMA, MMA)] + [(cells["lstm"], GRID, 256)]
     sources += [
