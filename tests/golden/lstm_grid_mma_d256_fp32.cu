@@ -73,8 +73,6 @@ struct Cell {
   // The new states of one element.
   template <class In>
   __device__ __forceinline__ static void forward(const In& in, float (&next)[kS]) {
-    using rnncc::fast::rnncc_sigmoid;
-    using rnncc::fast::rnncc_tanh;
     const float s_c = in.state(1);
     const float g_i = in.wx(0) + in.rh(0) + in.bias(0);
     const float g_f = in.wx(1) + in.rh(1) + in.bias(1);
@@ -88,8 +86,6 @@ struct Cell {
   // The cotangents of one element's old states, gate parts and params.
   template <class In, class Out>
   __device__ __forceinline__ static void backward(const In& in, const Out& out) {
-    using rnncc::fast::rnncc_sigmoid;
-    using rnncc::fast::rnncc_tanh;
     const float s_c = in.state(1);
     const float g_i = in.wx(0) + in.rh(0) + in.bias(0);
     const float g_f = in.wx(1) + in.rh(1) + in.bias(1);
