@@ -682,6 +682,7 @@ class GridMma(Variant):
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.source import render_fused
 
-        # the cell's fast helpers (tanh.approx: about 16 bits) only where the storage is 16-bit
+        # the cell's fast helpers (tanh.approx: relative error up to about 2^-11) only where
+        # the storage is 16-bit
         fast = build.get("dtype") != "fp32"
         return render_fused(cell, bwd, self.name, build, _traits(build), fast=fast)
