@@ -34,7 +34,7 @@ POINTS = [
 ]
 
 
-def measure(out: Path, repeats: int, points: list[tuple[str, int, int]]) -> list:
+def measure(repeats: int, points: list[tuple[str, int, int]]) -> list:
     import torch
 
     import rnncc
@@ -124,7 +124,7 @@ def main() -> None:
 
     from rnncc.bench.records import machine_info, write_results
 
-    records = measure(args.out, args.repeats, args.points or POINTS)
+    records = measure(args.repeats, args.points or POINTS)
     write_results(args.out, machine_info(torch.device("cuda")), records)
     if args.accuracy:
         errors = {f"lstm {h} B{b} T{s}": accuracy(h, b, s) for h, b, s in ((768, 16, 256),)}

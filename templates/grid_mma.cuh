@@ -500,7 +500,7 @@ struct Kernels : MmaCommon<C> {
     // block's units, kFA tiles of 16).
     constexpr int kMT = UW >= 2 ? NT : (NT + 1) / 2;
     // tiles whose dg fragments are loaded at once, and k tiles (fp32, twice the registers: fewer)
-    constexpr int kMJ = kMT < 2 || sizeof(T) == 4 ? (kMT < 2 ? kMT : 1) : 2;
+    constexpr int kMJ = kMT < 2 ? kMT : sizeof(T) == 4 ? 1 : 2;
     constexpr int kGroup = sizeof(T) == 4 ? 2 : 8;
     constexpr int kUnits = 8 * UW;  // units per block
     constexpr int kFA = UW >= 2 ? UW / 2 : 1;  // fragments of R per k tile
