@@ -41,6 +41,41 @@
 #include "mma_common.cuh"
 #include "timeline.cuh"
 
+// Where a step's time goes (benchmarks/step_phases.py builds the library with -DRNNCC_STEP_TRACE;
+// nothing of this is compiled otherwise): thread 0 of each block, a product warp's and a cell
+// warp's lane, adds the clock cycles between consecutive marks of steps [kTraceFrom, kTraceTo)
+// into shared memory (phase i ends at mark i), and blocks 0, x / 2 and x - 1 of the first head
+// and chunk print the mean of each phase when the sequence ends: "rnncc-step-trace fw|bw NT UW
+// x y z: cycles of phases 1..8".
+#ifdef RNNCC_STEP_TRACE
+#include <cstdio>
+#define RNNCC_TRACE_INIT                                    \
+  __shared__ long long rnncc_trace[10];                     \
+  if (threadIdx.x < 10) rnncc_trace[threadIdx.x] = 0;       \
+  __syncthreads();
+#define RNNCC_TRACE(i)                                                                   \
+  if (threadIdx.x == 0 && t >= rnncc::kTraceFrom && t < rnncc::kTraceTo) {               \
+    const long long now = clock64();                                                     \
+    if ((i) > 0) rnncc_trace[(i)] += now - rnncc_trace[9];                               \
+    rnncc_trace[9] = now;                                                                \
+  }
+#define RNNCC_TRACE_PRINT(kind)                                                                                      \
+  if (threadIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0 &&                                                     \
+      (blockIdx.x == 0 || blockIdx.x == gridDim.x / 2 || blockIdx.x == gridDim.x - 1)) {                             \
+    const long long n = rnncc::kTraceTo - rnncc::kTraceFrom;                                                         \
+    printf("rnncc-step-trace %s %d %d %d %d %d: %lld %lld %lld %lld %lld %lld %lld %lld\n", kind, NT, UW, blockIdx.x, \
+           blockIdx.y, blockIdx.z, rnncc_trace[1] / n, rnncc_trace[2] / n, rnncc_trace[3] / n, rnncc_trace[4] / n,   \
+           rnncc_trace[5] / n, rnncc_trace[6] / n, rnncc_trace[7] / n, rnncc_trace[8] / n);                           \
+  }
+namespace rnncc {
+constexpr int kTraceFrom = 100, kTraceTo = 900;  // the steps traced: a sequence of at least 900
+}
+#else
+#define RNNCC_TRACE_INIT
+#define RNNCC_TRACE(i)
+#define RNNCC_TRACE_PRINT(kind)
+#endif
+
 namespace rnncc {
 namespace grid_mma {
 
@@ -290,7 +325,9 @@ struct Kernels : MmaCommon<C> {
     rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 8 * UW * (int)sizeof(T), kThreads)> wx_l2;  // W x, kL2Ahead steps ahead
     wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
                (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
+    RNNCC_TRACE_INIT
     auto step = [&](const int t, WxRegs& wxv) {
+      RNNCC_TRACE(0)
       if (t + kL2Ahead < a.T && !(kTimeline && rnncc::reversed(a, n))) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
       for (int hf = 0; hf < kSplit; ++hf) {
         if (b0 + 8 * kNTh * hf >= a.B) break;  // a part wholly past the batch (uniform in the block)
@@ -300,6 +337,7 @@ struct Kernels : MmaCommon<C> {
           // shared memory and a barrier, this took the 1 x 768 forward kernels 8-14 % less time
           // (H200, B = 16 and 64).
           rnncc::xchg_wait(ex.counter + kNTh * hf, (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh));
+          RNNCC_TRACE(1)
           if (warp < kWarps) {
             const auto* const hx = ex.slot(t);
 #pragma unroll 1  // unrolled, ptxas hoists later tiles' loads and spills at NT = 8
@@ -349,7 +387,9 @@ struct Kernels : MmaCommon<C> {
                   }
                 }
               }
+              if (j0 == kNTh * hf) { RNNCC_TRACE(2) }
             }
+            RNNCC_TRACE(3)
             if constexpr (kStreamOnce) {  // the streamed k tiles, added to the parts above
 #pragma unroll 1
               for (int j0 = kNTh * hf; j0 < kNTh * hf + kNTh; j0 += kJS) {
@@ -398,6 +438,7 @@ struct Kernels : MmaCommon<C> {
             }
           }
           __syncthreads();
+          RNNCC_TRACE(4)
         }
         if (cell && jt / kNTh == hf) {
           // C fragment values (gate 2 p + k % 2, row r0 + q) at acc[p][k % 2 * 2 + q], q < kQ
@@ -417,6 +458,7 @@ struct Kernels : MmaCommon<C> {
               acc[p][2] = sum.y;
             }
           }
+          RNNCC_TRACE(5)
           T* yp[2];
 #pragma unroll
           for (int q = 0; q < kQ; ++q) {
@@ -438,9 +480,11 @@ struct Kernels : MmaCommon<C> {
               if (kGr > 0) rnncc::xchg_put(ex.slot(t + 1) + xchg_at(gb, rnncc::frag_pos(d)), rnncc::from_float<T>(st[kRec][q]));
             }
           }
+          RNNCC_TRACE(6)
           __syncwarp();
           if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)
             rnncc::xchg_count(ex.counter + kNTh * hf);
+          RNNCC_TRACE(7)
           // The outputs and what the backward reads, after the count: its release waits for every
           // store the warp issued before it, and these are read only after the kernel.
 #pragma unroll
@@ -464,6 +508,7 @@ struct Kernels : MmaCommon<C> {
         }
       }
       load_wx(t + 2, wxv);  // after the cell's last read of it: two steps ahead
+      RNNCC_TRACE(8)
     };
 
     WxRegs wa, wb;
@@ -477,6 +522,7 @@ struct Kernels : MmaCommon<C> {
       step(t + 1, wb);
     }
     if (t < a.T) step(t, wa);
+    RNNCC_TRACE_PRINT("fw")
 
     if (cell) {
 #pragma unroll
@@ -668,7 +714,9 @@ struct Kernels : MmaCommon<C> {
     };
     // One buffer: step t - 1's inputs are loaded once the cell of step t is done with step t's,
     // and arrive while the block waits for the other blocks' dg and runs the product.
+    RNNCC_TRACE_INIT
     auto step = [&](const int t, Inputs& cur) {
+      RNNCC_TRACE(0)
       if (t - kL2Ahead >= 0) prefetch(t - kL2Ahead);
       if (cell) {
         float nd[kS][2];
@@ -699,9 +747,11 @@ struct Kernels : MmaCommon<C> {
           }
           sums.add(o.gb, o.p);
         }
+        RNNCC_TRACE(1)
         __syncwarp();
         if (kGr > 0 && counts && lane == 0 && b0 + 8 * jt < a.B)
           rnncc::xchg_count(ex.counter);
+        RNNCC_TRACE(2)
         // dWx and dGr after the count, as the forward's outputs: read only after the kernel.
         if (live) {
 #pragma unroll
@@ -716,10 +766,12 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
       }
+      RNNCC_TRACE(3)
       load_inputs(t - 1, cur);
       if (kGr > 0) {
         if (warp < kWarps) stream_ahead(0, kStreamAhead);
         rnncc::xchg_wait(ex.counter, (unsigned)(a.T - t) * ex.per_step(0, NT));
+        RNNCC_TRACE(4)
         if constexpr (UW == 1) {
           if (warp < kWarps) {
             // A fragments straight from the exchange rows (dg published in fragment order, as h in
@@ -844,7 +896,9 @@ struct Kernels : MmaCommon<C> {
             }
           }
         }
+        RNNCC_TRACE(5)
         __syncthreads();
+        RNNCC_TRACE(6)
         if (cell) {
           // The warps' parts of the lane's two values, summed as the forward's (rnncc::sum_parts),
           // loaded together rather than as a running sum of dependent loads.
@@ -861,7 +915,11 @@ struct Kernels : MmaCommon<C> {
 
     Inputs in;
     load_inputs(a.T - 1, in);
-    for (int t = a.T - 1; t >= 0; --t) step(t, in);
+    for (int t = a.T - 1; t >= 0; --t) {
+      step(t, in);
+      RNNCC_TRACE(7)
+    }
+    RNNCC_TRACE_PRINT("bw")
 
     if (cell) {
 #pragma unroll

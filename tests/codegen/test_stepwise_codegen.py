@@ -104,8 +104,9 @@ def _nvcc() -> str:
     return nvcc
 
 
-def _compile(nvcc: str, src, tmp: Path, arch: str = "sm_90a") -> str:
-    """nvcc's ``-Xptxas -v`` report of ``src`` built for ``arch`` (into ``tmp``)."""
+def _compile(nvcc: str, src, tmp: Path, arch: str = "sm_90a", extra: tuple[str, ...] = ()) -> str:
+    """nvcc's ``-Xptxas -v`` report of ``src`` built for ``arch`` (into ``tmp``), with the
+    ``extra`` flags."""
     from torch.utils.cpp_extension import COMMON_NVCC_FLAGS
 
     tmp = tmp / arch
@@ -115,6 +116,7 @@ def _compile(nvcc: str, src, tmp: Path, arch: str = "sm_90a") -> str:
     cmd = [
         nvcc, "-c", str(cu), "-o", str(cu.with_suffix(".o")), f"-I{templates_dir()}",
         "-Xcompiler", "-fPIC", *NVCC_FLAGS, *COMMON_NVCC_FLAGS, *arch_flags(arch), "-Xptxas", "-v",
+        *extra,
     ]  # fmt: skip
     proc = subprocess.run(cmd, capture_output=True, text=True)
     assert proc.returncode == 0, f"nvcc failed on {src.filename}:\n{proc.stderr}"

@@ -483,6 +483,22 @@ def test_nvcc_compiles_every_example_without_spills(arch, device, wide, tmp_path
         assert "warning" not in report.lower(), f"{src.filename}:\n{report}"
 
 
+@pytest.mark.slow
+def test_nvcc_compiles_the_step_trace(tmp_path):
+    """grid_mma's phase marks (benchmarks/step_phases.py) build: one kernel of each width, the
+    per-row lengths' kernels (the bidirectional layer's), with -DRNNCC_STEP_TRACE."""
+    lstm = example("lstm")
+    build = dict(GRID.build(problem(lstm.ir, 256, GRID, timeline=True)))
+    build["kernels"] = [k for k in build["kernels"] if k["n_tiles"] == 1]
+    assert {k["unit_tiles"] for k in build["kernels"]} == {1, 2}
+    src = GRID.render(lstm.ir, lstm.backward_ir, build)
+    report = _compile(_nvcc(), src, tmp_path, extra=("-DRNNCC_STEP_TRACE",))
+    # the marks are compiled in: the printf of its means takes each of the 8 kernels (2 widths,
+    # 2 dtypes, forward and backward) a stack frame, which they have none of without it
+    frames = [int(f) for f in re.findall(r"(\d+) bytes stack frame", report)]
+    assert sum(f > 0 for f in frames) == 8, report
+
+
 @pytest.mark.parametrize(("name", "D"), [("lstm", 2048), ("lstm", 4096), ("gru", 2304)])
 def test_split_and_streaming_blocks_place_every_k_tile_of_r_once(name, D):
     """A warp's k tiles of R are in registers, shared memory or global memory, each once; the

@@ -1,0 +1,132 @@
+"""Where a grid_mma step's time goes: the clock cycles of each phase of a step, per kernel.
+
+Each point runs one forward and backward of a one-layer ``rnncc.RNN`` (T = 1024, bf16, one
+head) in a child process whose grid_mma library is built with ``-DRNNCC_STEP_TRACE``
+(``templates/grid_mma.cuh``: thread 0 of each block clocks the phases of steps 100-899, and
+three blocks of the first head and chunk print the means). The parent averages the printed
+blocks and prints cycles per phase. The marks cost a few cycles each and may move ptxas's
+schedule a little: compare phases with each other, and totals only with traced totals.
+
+    python benchmarks/step_phases.py --points lstm:768:16,lstm:768:16:bi [--out FILE.txt]
+
+A point is ``cell:hidden:batch`` (a cell of ``examples/``, one head), ``:bi`` for a bidirectional
+layer (its two directions as two heads of one launch, with the kernels of per-row lengths).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+T = 1024
+#: The phases between the template's marks, in step order.
+PHASES = {
+    "fw": (
+        "wait for the counter",
+        "product, first n tile (h's loads included)",
+        "product, the other n tiles",
+        "barrier",
+        "sums of the warps' parts",
+        "cell, h published",
+        "count (release)",
+        "outputs, history, next W x",
+    ),
+    "bw": (
+        "cell, dg published",
+        "count (release)",
+        "dWx, dGr",
+        "wait for the counter (next inputs' loads issued)",
+        "product (dg's loads included)",
+        "barrier",
+        "sums of the warps' parts",
+    ),
+}
+LINE = re.compile(r"rnncc-step-trace (fw|bw) (\d+) (\d+) (\d+) (\d+) (\d+): ([\d ]+)")
+
+
+def child(point: str) -> None:
+    import torch
+
+    import rnncc
+    import rnncc.runtime.build as build
+
+    build.NVCC_FLAGS = (*build.NVCC_FLAGS, "-DRNNCC_STEP_TRACE")  # a library of its own
+    name, hidden, batch, *rest = point.split(":")
+    example = Path(__file__).resolve().parent.parent / "examples" / f"{name}.rnn"
+    layer = rnncc.RNN(
+        rnncc.load(example),
+        int(hidden),
+        int(hidden),
+        bidirectional=rest == ["bi"],
+        backend="fused",
+        device="cuda",
+        dtype=torch.bfloat16,
+    )
+    x = torch.randn(int(batch), T, int(hidden), device="cuda", dtype=torch.bfloat16)
+    x.requires_grad_(True)
+    layer(x)[0].float().sum().backward()
+    torch.cuda.synchronize()
+    plan = layer.cell.last_plan
+    print(f"plan {plan.variant} {dict(plan.point)}", flush=True)
+
+
+def measure(point: str) -> tuple[str, dict[tuple[str, int, int], list[float]]]:
+    run = subprocess.run(
+        [sys.executable, __file__, "--child", point], capture_output=True, text=True, check=False
+    )
+    if run.returncode:
+        raise SystemExit(f"{point}: the child failed\n{run.stdout}\n{run.stderr}")
+    blocks: dict[tuple[str, int, int], list[list[int]]] = defaultdict(list)
+    plan = ""
+    for line in run.stdout.splitlines():
+        if line.startswith("plan "):
+            plan = line[5:]
+        elif m := LINE.match(line):
+            kind, nt, uw = m.group(1), int(m.group(2)), int(m.group(3))
+            blocks[(kind, nt, uw)].append([int(v) for v in m.group(7).split()])
+    if not blocks:
+        raise SystemExit(f"{point}: no trace lines (was the library built with the trace?)")
+    means = {
+        key: [sum(col) / len(rows) for col in zip(*rows)] for key, rows in sorted(blocks.items())
+    }
+    return plan, means
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--points", default="lstm:768:16,lstm:768:16:bi")
+    ap.add_argument("--out", help="also write the table to this file")
+    ap.add_argument("--child", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        child(args.child)
+        return
+    import torch
+
+    lines = [
+        f"# benchmarks/step_phases.py on {torch.cuda.get_device_name()}, T = {T}, bf16; "
+        "clock cycles per step of thread 0 (a product and a cell warp's lane), mean of "
+        "steps 100-899 and of blocks 0, x / 2 and x - 1 of the first head and chunk"
+    ]
+    for point in args.points.split(","):
+        plan, means = measure(point)
+        lines.append(f"\n## {point}: {plan}")
+        for (kind, nt, uw), cycles in means.items():
+            names = PHASES[kind]
+            total = sum(cycles[: len(names)])
+            lines.append(f"{kind} kernel, n_tiles {nt}, unit_tiles {uw}: {total:.0f} cycles a step")
+            for phase, c in zip(names, cycles):
+                lines.append(f"  {c:7.0f}  {100 * c / total:4.1f} %  {phase}")
+    text = "\n".join(lines)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
