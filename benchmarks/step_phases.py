@@ -29,7 +29,7 @@ PHASES = {
         "wait for the counter",
         "product, first n tile (h's loads included)",
         "product, the other n tiles",
-        "barrier",
+        "barrier (grid_stream: and the streamed k tiles' product)",
         "sums of the warps' parts",
         "cell, h published",
         "count (release)",

@@ -46,7 +46,9 @@
 // warp's lane, adds the clock cycles between consecutive marks of steps [kTraceFrom, kTraceTo)
 // into shared memory (phase i ends at mark i), and blocks 0, x / 2 and x - 1 of the first head
 // and chunk print the mean of each phase when the sequence ends: "rnncc-step-trace fw|bw NT UW
-// x y z: cycles of phases 1..8".
+// x y z: cycles of phases 1..8". Where a forward step runs its n tiles in two parts (kSplit),
+// each phase adds up both parts' time; on streaming blocks the streamed k tiles' product falls
+// in the barrier's phase (between marks 3 and 4).
 #ifdef RNNCC_STEP_TRACE
 #include <cstdio>
 #define RNNCC_TRACE_INIT                                    \
