@@ -1,16 +1,19 @@
 """Where a grid_mma step's time goes: the clock cycles of each phase of a step, per kernel.
 
-Each point runs one forward and backward of a one-layer ``rnncc.RNN`` (T = 1024, bf16, one
-head) in a child process whose grid_mma library is built with ``-DRNNCC_STEP_TRACE``
+Each point runs one forward and backward of a one-layer ``rnncc.RNN`` (T = 1024, bf16) in a
+child process whose grid_mma library is built with ``-DRNNCC_STEP_TRACE``
 (``templates/grid_mma.cuh``: thread 0 of each block clocks the phases of steps 100-899, and
 three blocks of the first head and chunk print the means). The parent averages the printed
 blocks and prints cycles per phase. The marks cost a few cycles each and may move ptxas's
 schedule a little: compare phases with each other, and totals only with traced totals.
 
-    python benchmarks/step_phases.py --points lstm:768:16,lstm:768:16:bi [--out FILE.txt]
+    python benchmarks/step_phases.py --points lstm:768:16 lstm:768:16:bi lstm:6x128:16:1,1,2 \\
+        [--out FILE.txt]
 
-A point is ``cell:hidden:batch`` (a cell of ``examples/``, one head), ``:bi`` for a bidirectional
-layer (its two directions as two heads of one launch, with the kernels of per-row lengths).
+A point is ``cell:size:batch[:bi][:nt,uw,bps]``: a cell of ``examples/``, its size as the head
+dim (one head) or ``heads x head dim`` (``6x128``), ``bi`` for a bidirectional layer (its two
+directions as two heads of one launch, with the kernels of per-row lengths), and a grid_mma
+point (n_tiles, unit_tiles, blocks_per_sm) to run instead of the planner's choice.
 """
 
 from __future__ import annotations
@@ -55,18 +58,27 @@ def child(point: str) -> None:
     import rnncc.runtime.build as build
 
     build.NVCC_FLAGS = (*build.NVCC_FLAGS, "-DRNNCC_STEP_TRACE")  # a library of its own
-    name, hidden, batch, *rest = point.split(":")
+    name, size, batch, *rest = point.split(":")
+    heads, head_dim = (int(v) for v in size.split("x")) if "x" in size else (1, int(size))
+    if forced := [r for r in rest if "," in r]:  # plan only this grid_mma point
+        from rnncc.variants.grid_mma import GridMma
+
+        values = dict(
+            zip(("n_tiles", "unit_tiles", "blocks_per_sm"), map(int, forced[0].split(",")))
+        )
+        GridMma.domains = lambda self, problem, caps: {k: (v,) for k, v in values.items()}
     example = Path(__file__).resolve().parent.parent / "examples" / f"{name}.rnn"
     layer = rnncc.RNN(
         rnncc.load(example),
-        int(hidden),
-        int(hidden),
-        bidirectional=rest == ["bi"],
+        heads * head_dim,
+        heads * head_dim,
+        num_heads=heads,
+        bidirectional="bi" in rest,
         backend="fused",
         device="cuda",
         dtype=torch.bfloat16,
     )
-    x = torch.randn(int(batch), T, int(hidden), device="cuda", dtype=torch.bfloat16)
+    x = torch.randn(int(batch), T, heads * head_dim, device="cuda", dtype=torch.bfloat16)
     x.requires_grad_(True)
     layer(x)[0].float().sum().backward()
     torch.cuda.synchronize()
@@ -98,7 +110,7 @@ def measure(point: str) -> tuple[str, dict[tuple[str, int, int], list[float]]]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--points", default="lstm:768:16,lstm:768:16:bi")
+    ap.add_argument("--points", nargs="+", default=["lstm:768:16", "lstm:768:16:bi"])
     ap.add_argument("--out", help="also write the table to this file")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -112,7 +124,7 @@ def main() -> None:
         "clock cycles per step of thread 0 (a product and a cell warp's lane), mean of "
         "steps 100-899 and of blocks 0, x / 2 and x - 1 of the first head and chunk"
     ]
-    for point in args.points.split(","):
+    for point in args.points:
         plan, means = measure(point)
         lines.append(f"\n## {point}: {plan}")
         for (kind, nt, uw), cycles in means.items():
