@@ -49,12 +49,15 @@ class Plan:
     problem: Problem
     caps: HardwareCaps
     variant: str
-    point: tuple[tuple[str, Any], ...]  # the variant's parameters, by name
+    point: tuple[tuple[str, Any], ...]  # the variant's parameters, by name (the forward's)
     build: dict[str, Any]
     launch: Launch
     cost: Cost
     usage: tuple[tuple[str, float, float], ...]  # (constraint, used, limit)
     alternatives: tuple[Alternative, ...] = ()
+    #: the backward's parameters: the forward's point, or the variant's point of the cheapest
+    #: backward (``launch.backward`` and ``cost.backward_us`` are that point's)
+    backward_point: tuple[tuple[str, Any], ...] = ()
 
     @property
     def fused(self) -> bool:
@@ -67,12 +70,16 @@ class Plan:
 
     def summary(self) -> str:
         """One line: the variant, its parameters and its launch shape — what the runtime
-        launches for this problem."""
+        launches for this problem (the backward's too where it runs another point)."""
         params = ", ".join(f"{k}={v}" for k, v in self.point)
         head = self.variant + (f" ({params})" if params else "")
         if self.launch.forward is None:
             return f"{head}: per step a matrix product and a pointwise kernel"
-        return f"{head}: forward {self.launch.forward.describe()}"
+        line = f"{head}: forward {self.launch.forward.describe()}"
+        if self.backward_point != self.point and self.launch.backward is not None:
+            params = ", ".join(f"{k}={v}" for k, v in self.backward_point)
+            line += f"; backward ({params}) {self.launch.backward.describe()}"
+        return line
 
     def launched(self) -> dict[str, Any]:
         """The variant and the launch numbers (what a test compares with what ran)."""
@@ -96,6 +103,7 @@ class Plan:
             "sm_count": self.caps.sm_count,
             "variant": self.variant,
             "point": dict(self.point),
+            "backward_point": dict(self.backward_point),
             "build": self.build,
             "launch": {
                 "forward": kernel(self.launch.forward),
@@ -123,7 +131,10 @@ class Plan:
         ]
         add = lines.append
         if self.point:
-            add("  parameters  " + ", ".join(f"{k} = {v}" for k, v in self.point))
+            params = ", ".join(f"{k} = {v}" for k, v in self.point)
+            if self.backward_point != self.point:  # the backward's own cheapest point
+                params += "; backward " + ", ".join(f"{k} = {v}" for k, v in self.backward_point)
+            add("  parameters  " + params)
         for name, k in (("forward", self.launch.forward), ("backward", self.launch.backward)):
             if k is not None:
                 add(f"  {name:<11} {k.describe()}")

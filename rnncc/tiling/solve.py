@@ -85,6 +85,7 @@ def _plan(variant: Variant, problem: Problem, caps: HardwareCaps, point: dict[st
         caps=caps,
         variant=variant.name,
         point=tuple(point.items()),
+        backward_point=tuple(point.items()),
         build=variant.build(problem, caps),
         launch=variant.launch(problem, caps, point),
         cost=variant.cost(problem, caps, point),
@@ -112,7 +113,7 @@ def solve(problem: Problem, caps: HardwareCaps, variants: Sequence[Variant] = VA
     plans = feasible_plans(problem, caps, variants)
     if not plans:
         raise infeasible(problem, caps, variants)
-    best = plans[0]
+    best = with_cheapest_backward(plans[0], plans)
     alternatives = []
     for v in candidates(problem, variants):
         if v.name == best.variant:
@@ -123,6 +124,29 @@ def solve(problem: Problem, caps: HardwareCaps, variants: Sequence[Variant] = VA
         else:
             alternatives.append(Alternative(v.name, None, tuple(diagnose(v, problem, caps))))
     return replace(best, alternatives=tuple(alternatives))
+
+
+def with_cheapest_backward(best: Plan, plans: Sequence[Plan]) -> Plan:
+    """``best`` with the backward of its variant's point whose backward is cheapest (the first
+    in ``plans``' order among equals), where that point shares its exchange buffer: the
+    forward and the backward are separate launches, each reading only what the other leaves in
+    memory whatever its point (the saved states, and a fresh exchange buffer each call)."""
+    same = [
+        p
+        for p in plans
+        if p.variant == best.variant
+        and replace(p.launch, forward=None, backward=None)
+        == replace(best.launch, forward=None, backward=None)
+    ]
+    other = min(same, key=lambda p: p.cost.backward_us)
+    if other.cost.backward_us >= best.cost.backward_us:
+        return best
+    return replace(
+        best,
+        backward_point=other.point,
+        launch=replace(best.launch, backward=other.launch.backward),
+        cost=replace(best.cost, backward_us=other.cost.backward_us),
+    )
 
 
 def infeasible(

@@ -74,6 +74,15 @@ NARROW_MAX_HEAD_DIM = 1024
 #: Warps a block's product may take: narrow, wide and streaming.
 MAX_WARPS = {1: 32, 2: 12, 4: 8}
 BACKWARD_FACTOR = 1.6
+#: What a wide block's backward step costs beyond BACKWARD_FACTOR for cells with R and
+#: WIDE_MAX_STATE_WORDS states plus params (the LSTM among the examples), up to
+#: NARROW_MAX_HEAD_DIM: ptxas schedules each of its loads of dg behind the mma that read the
+#: registers of the one before (ncu, LSTM 6 x 128: 4 round trips to L2 a step where the GRU's
+#: kernel makes 2), though it uses 162 of its 255 registers. H100, B = 16, T = 1024, µs per
+#: backward step (benchmarks/results/backward-points-h100-2026-11-27.txt): LSTM 6 x 128, wide
+#: 2.97 against 2.43 for narrow blocks two per SM; 3 x 256, 3.06 against 2.66; the GRU's wide
+#: backward is the fastest of its points (6 x 128: 1.97 against 2.01).
+WIDE_BACKWARD_EXTRA_US = 0.5
 #: Past NARROW_MAX_HEAD_DIM (Hopper only), wide blocks split R between registers and shared
 #: memory: this many product warps (256 threads, so 255 registers each), their first k tiles'
 #: fragments in at most this many registers per thread (forward, backward), the others in
@@ -677,7 +686,11 @@ class GridMma(Variant):
         unit = sum(us for _, us in terms)
         launches = self._split(p, caps, point)[2]
         factor = FP32_BACKWARD_FACTOR if p.dtype == "fp32" else BACKWARD_FACTOR
-        return Cost(terms, launches, unit * launches, unit * launches * factor)
+        backward = unit * factor
+        at_limit = p.n_states + p.n_params >= WIDE_MAX_STATE_WORDS
+        if uw == 2 and p.gates_r > 0 and not split(p, uw) and at_limit:
+            backward += WIDE_BACKWARD_EXTRA_US
+        return Cost(terms, launches, unit * launches, backward * launches)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         from rnncc.codegen.source import render_fused

@@ -66,10 +66,18 @@ FP32_CASES = [
 ]
 
 
+#: Problems whose plan runs the backward at another point than the forward (an LSTM's wide
+#: forward, narrow blocks two per SM backward: rnncc.variants.grid_mma.WIDE_BACKWARD_EXTRA_US).
+SPLIT_POINT_CASES = [
+    {"example": "lstm", "dtype": dt, "B": 16, "D": D, "NH": NH, "T": 20}
+    for dt, D, NH in [("bf16", 128, 6), ("fp16", 384, 2)]
+]
+
+
 @pytest.fixture(scope="module")
 def cells():
     loaded = load_examples()
-    prepare(loaded, GRID_CASES + FP32_CASES)
+    prepare(loaded, GRID_CASES + FP32_CASES + SPLIT_POINT_CASES)
     return loaded
 
 
@@ -87,3 +95,12 @@ def test_grid_variant_in_fp32_matches_float64_reference(cells, case):
     plan = check_against_reference(cell, case, "fused")
     assert plan.variant == "grid_mma" and plan.build["dtype"] == "fp32"
     assert {k["unit_tiles"] for k in plan.build["kernels"]} == {1}
+
+
+@pytest.mark.parametrize("case", SPLIT_POINT_CASES, ids=case_id)
+def test_backward_at_its_own_point_matches_float64_reference(cells, case):
+    cell = cells[case["example"]]
+    plan = check_against_reference(cell, case, "fused")
+    assert plan.variant == "grid_mma"
+    assert dict(plan.point)["unit_tiles"] == 2
+    assert dict(plan.backward_point) == {"n_tiles": 1, "unit_tiles": 1, "blocks_per_sm": 2}

@@ -111,11 +111,17 @@ def test_every_plan_satisfies_its_variant_and_covers_the_problem(
     costs = [(p.cost.forward_us, p.cost.backward_us) for p in plans]
     assert costs == sorted(costs)
     best = solve(problem, caps)
-    assert (best.variant, best.point, best.launch) == (
+    assert (best.variant, best.point, best.launch.forward) == (
         plans[0].variant,
         plans[0].point,
-        plans[0].launch,
+        plans[0].launch.forward,
     )
+    # the backward: the variant's cheapest backward, a point's own launch of it
+    mine = [p for p in plans if p.variant == best.variant]
+    assert best.cost.backward_us == min(p.cost.backward_us for p in mine)
+    runs = next(p for p in mine if p.point == best.backward_point)
+    assert best.launch.backward == runs.launch.backward
+    assert best.cost.backward_us == runs.cost.backward_us
 
 
 @SETTINGS

@@ -15,6 +15,7 @@ from plan_table import plan_rows
 
 from rnncc.cli import main
 from rnncc.tiling import HardwareCaps, Plan, Problem, caps_for_arch, solve
+from rnncc.variants import BY_NAME
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "plans-h100.txt"
 LAUNCHES = "  launches    "
@@ -50,6 +51,37 @@ def test_1x768_bf16_is_wide_grid_blocks(
     assert plan.build["kernels"][1]["n_tiles"] == 1 and plan.build["kernels"][1]["unit_tiles"] == 2
     # dg's 4 gate rows × 48 k tiles, in pairs of k tiles of 32 values.
     assert plan.launch.exchange_words == 32 * (4 * 48 // 2)
+
+
+def test_an_lstms_backward_runs_its_own_point(
+    problem: Callable[..., Problem], h100: HardwareCaps
+) -> None:
+    """LSTM 6 × 128: wide blocks forward, and the backward on narrow blocks two per SM, which
+    measured faster there (WIDE_BACKWARD_EXTRA_US); the GRU keeps wide blocks both ways. The
+    summary that `rnncc plan` prints says both."""
+    lstm = solve(problem("lstm", 6, 128), h100)
+    assert dict(lstm.point) == {"n_tiles": 1, "unit_tiles": 2, "blocks_per_sm": 1}
+    assert dict(lstm.backward_point) == {"n_tiles": 1, "unit_tiles": 1, "blocks_per_sm": 2}
+    # 16 narrow blocks per head × 6 heads × 2 chunks = 192, two per SM; dg's 32 gate-row k
+    # tiles over 2 warps of 16 (64 threads).
+    bw = lstm.launch.backward
+    assert bw is not None and (bw.kernel, bw.grid, bw.threads, bw.launches) == (
+        0,
+        (16, 6, 2),
+        64,
+        1,
+    )
+    assert _forward(lstm)[:3] == (1, (8, 6, 2), 64)
+    assert (
+        lstm.cost.backward_us
+        < BY_NAME["grid_mma"].cost(lstm.problem, h100, dict(lstm.point)).backward_us
+    )
+    assert (
+        "; backward (n_tiles=1, unit_tiles=1, blocks_per_sm=2) kernel 0: 16×6×2" in lstm.summary()
+    )
+    assert lstm.as_dict()["backward_point"] == dict(lstm.backward_point)
+    gru = solve(problem("gru", 6, 128), h100)
+    assert gru.backward_point == gru.point and "backward" not in gru.summary()
 
 
 def test_1x1024_bf16_is_narrow_grid_blocks(
