@@ -3,7 +3,7 @@
 The forward and the backward are separate launches of one library, each reading only what
 the other leaves in memory (the saved states; each call has a fresh exchange buffer), so the
 plan may run them at different points (``Plan.backward_point``). For each problem this times a
-training step (T = 256 and 1024, bf16, B = 16; medians of 9 calls, CUDA events) with the
+training step (T = 256 and 1024, bf16; medians of 9 calls, CUDA events) with the
 forward of one ``grid_mma`` point and the backward of another, and prints the per-step slopes
 and the outputs' and gradients' largest difference from the first pairing (relative to its
 largest value; bf16 sums in another order differ by a few 1e-3).
@@ -20,9 +20,17 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-#: (cell, heads, head dim) at B = 16, and the (forward, backward) points timed for each:
-#: (n_tiles, unit_tiles, blocks_per_sm); pairings a problem does not admit are skipped.
-PROBLEMS = (("lstm", 6, 128), ("lstm", 3, 256), ("lstm", 2, 384), ("gru", 6, 128), ("gru", 1, 768))
+#: (cell, heads, head dim, batch), and the (forward, backward) points timed for each: these
+#: (n_tiles, unit_tiles, blocks_per_sm) pairs, and the plan's own (its forward and backward
+#: points, each point both ways); pairings a problem does not admit are skipped.
+PROBLEMS = (
+    ("lstm", 6, 128, 16),
+    ("lstm", 3, 256, 16),
+    ("lstm", 2, 384, 16),
+    ("gru", 6, 128, 16),
+    ("gru", 1, 768, 16),
+    ("lstm", 6, 128, 64),
+)
 PAIRS = (
     ((1, 2, 1), (1, 2, 1)),
     ((1, 1, 2), (1, 1, 2)),
@@ -30,7 +38,7 @@ PAIRS = (
     ((2, 1, 1), (2, 1, 1)),
     ((1, 2, 1), (2, 1, 1)),
 )
-B, STEPS = 16, (256, 1024)
+STEPS = (256, 1024)
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -50,38 +58,41 @@ def main() -> None:
 
     caps, arch = caps_for_device(), device_arch()
     todo = []
-    for name, heads, d in PROBLEMS:
+    for name, heads, d, batch in PROBLEMS:
         cell = rnncc.load(ROOT / "examples" / f"{name}.rnn")
-        p = Problem.from_cell(cell.ir, heads=heads, head_dim=d, batch=B, dtype="bf16")
+        p = Problem.from_cell(cell.ir, heads=heads, head_dim=d, batch=batch, dtype="bf16")
         plans = {
             tuple(v for _, v in pl.point): pl
             for pl in feasible_plans(p, caps)
             if pl.variant == "grid_mma"
         }
-        todo.append((name, heads, d, cell, plans, solve(p, caps)))
+        todo.append((name, heads, d, batch, cell, plans, solve(p, caps)))
     with ThreadPoolExecutor(8) as pool:  # the libraries, built at once
         ops = list(
             pool.map(
                 lambda t: KernelOps(
-                    t[3].ir, t[3].backward_ir, next(iter(t[4].values())).build, arch
+                    t[4].ir, t[4].backward_ir, next(iter(t[5].values())).build, arch
                 ),
                 todo,
             )
         )
 
-    lines = [f"# benchmarks/backward_points.py on {torch.cuda.get_device_name()}, bf16, B = {B}"]
-    for (name, heads, d, cell, plans, planned), run in zip(todo, ops, strict=True):
+    lines = [f"# benchmarks/backward_points.py on {torch.cuda.get_device_name()}, bf16"]
+    for (name, heads, d, batch, cell, plans, planned), run in zip(todo, ops, strict=True):
         fw_point = tuple(v for _, v in planned.point)
         bw_point = tuple(v for _, v in planned.backward_point)
-        lines.append(f"## {name} {heads}x{d}: planned forward {fw_point}, backward {bw_point}")
+        lines.append(
+            f"## {name} {heads}x{d} B {batch}: planned forward {fw_point}, backward {bw_point}"
+        )
+        own = ((fw_point, fw_point), (bw_point, bw_point), (fw_point, bw_point))
         first = None
-        for fw, bw in PAIRS:
+        for fw, bw in dict.fromkeys(PAIRS + own):
             if fw not in plans or bw not in plans:
                 continue
             launch = dataclasses.replace(plans[fw].launch, backward=plans[bw].launch.backward)
             times, got = {}, None
             for T in STEPS:
-                times[T], got = _time(cell, run, launch, heads, d, T, cuda_timer)
+                times[T], got = _time(cell, run, launch, heads, d, batch, T, cuda_timer)
             fw_us = (times[STEPS[1]][0] - times[STEPS[0]][0]) / (STEPS[1] - STEPS[0]) * 1e3
             fwbw_us = (times[STEPS[1]][1] - times[STEPS[0]][1]) / (STEPS[1] - STEPS[0]) * 1e3
             first = first or got
@@ -99,7 +110,7 @@ def main() -> None:
         Path(args.out).write_text("\n".join(lines) + "\n")
 
 
-def _time(cell: Any, run: Any, launch: Any, heads: int, d: int, T: int, timer: Any) -> Any:
+def _time(cell: Any, run: Any, launch: Any, heads: int, d: int, B: int, T: int, timer: Any) -> Any:
     """(fw ms, fwbw ms) medians at ``T``, and the outputs and gradients of one call."""
     import torch
 

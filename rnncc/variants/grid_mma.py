@@ -76,13 +76,15 @@ MAX_WARPS = {1: 32, 2: 12, 4: 8}
 BACKWARD_FACTOR = 1.6
 #: What a wide block's backward step costs beyond BACKWARD_FACTOR for cells with R and
 #: WIDE_MAX_STATE_WORDS states plus params (the LSTM among the examples), up to
-#: NARROW_MAX_HEAD_DIM: ptxas schedules each of its loads of dg behind the mma that read the
-#: registers of the one before (ncu, LSTM 6 x 128: 4 round trips to L2 a step where the GRU's
-#: kernel makes 2), though it uses 162 of its 255 registers. H100, B = 16, T = 1024, µs per
-#: backward step (benchmarks/results/backward-points-h100-2026-11-27.txt): LSTM 6 x 128, wide
-#: 2.97 against 2.43 for narrow blocks two per SM; 3 x 256, 3.06 against 2.66; the GRU's wide
-#: backward is the fastest of its points (6 x 128: 1.97 against 2.01).
-WIDE_BACKWARD_EXTRA_US = 0.5
+#: NARROW_MAX_HEAD_DIM, at 4 product warps; half that at 8, none from 12. ptxas schedules each
+#: of its loads of dg behind the mma that read the registers of the one before (ncu, LSTM
+#: 6 x 128: 4 round trips to L2 a step where the GRU's kernel makes 2), though it uses 162 of
+#: its 255 registers, and fewer warps hide less of it. H100, B = 16, T = 1024, µs per backward
+#: step, wide against narrow blocks two per SM (benchmarks/results/backward-points-h100-
+#: 2026-11-27.txt, two runs): LSTM 6 x 128 (4 warps) 3.19 / 2.97 against 2.51 / 2.54; 3 x 256
+#: (8) 3.10 / 3.06 against 2.72 / 2.79; 2 x 384 (12) 2.90 against 3.16. The GRU's wide
+#: backward is the fastest of its points (6 x 128: 2.31 against 2.51).
+WIDE_BACKWARD_EXTRA_US = 0.6
 #: Past NARROW_MAX_HEAD_DIM (Hopper only), wide blocks split R between registers and shared
 #: memory: this many product warps (256 threads, so 255 registers each), their first k tiles'
 #: fragments in at most this many registers per thread (forward, backward), the others in
@@ -689,7 +691,7 @@ class GridMma(Variant):
         backward = unit * factor
         at_limit = p.n_states + p.n_params >= WIDE_MAX_STATE_WORDS
         if uw == 2 and p.gates_r > 0 and not split(p, uw) and at_limit:
-            backward += WIDE_BACKWARD_EXTRA_US
+            backward += WIDE_BACKWARD_EXTRA_US * max(0, 12 - backward_warps(p, uw)[0]) / 8
         return Cost(terms, launches, unit * launches, backward * launches)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:

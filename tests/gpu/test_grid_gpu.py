@@ -70,7 +70,7 @@ FP32_CASES = [
 #: forward, narrow blocks two per SM backward: rnncc.variants.grid_mma.WIDE_BACKWARD_EXTRA_US).
 SPLIT_POINT_CASES = [
     {"example": "lstm", "dtype": dt, "B": 16, "D": D, "NH": NH, "T": 20}
-    for dt, D, NH in [("bf16", 128, 6), ("fp16", 384, 2)]
+    for dt, D, NH in [("bf16", 128, 6), ("fp16", 256, 3)]
 ]
 
 
