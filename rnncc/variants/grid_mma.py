@@ -74,16 +74,18 @@ NARROW_MAX_HEAD_DIM = 1024
 #: Warps a block's product may take: narrow, wide and streaming.
 MAX_WARPS = {1: 32, 2: 12, 4: 8}
 BACKWARD_FACTOR = 1.6
-#: What a wide block's backward step costs beyond BACKWARD_FACTOR for cells with R and
-#: WIDE_MAX_STATE_WORDS states plus params (the LSTM among the examples), up to
+#: What a wide block's backward step of one n tile costs beyond BACKWARD_FACTOR for cells
+#: with R and WIDE_MAX_STATE_WORDS states plus params (the LSTM among the examples), up to
 #: NARROW_MAX_HEAD_DIM, at 4 product warps; half that at 8, none from 12. ptxas schedules each
 #: of its loads of dg behind the mma that read the registers of the one before (ncu, LSTM
 #: 6 x 128: 4 round trips to L2 a step where the GRU's kernel makes 2), though it uses 162 of
-#: its 255 registers, and fewer warps hide less of it. H100, B = 16, T = 1024, µs per backward
-#: step, wide against narrow blocks two per SM (benchmarks/results/backward-points-h100-
-#: 2026-11-27.txt, two runs): LSTM 6 x 128 (4 warps) 3.19 / 2.97 against 2.51 / 2.54; 3 x 256
-#: (8) 3.10 / 3.06 against 2.72 / 2.79; 2 x 384 (12) 2.90 against 3.16. The GRU's wide
-#: backward is the fastest of its points (6 x 128: 2.31 against 2.51).
+#: its 255 registers, and fewer warps, or fewer n tiles, hide less of it. H100, T = 1024, µs
+#: per backward step, wide against narrow blocks two per SM (benchmarks/results/backward-
+#: points-h100-2026-11-27.txt and -27b.txt; B = 16): LSTM 6 x 128 (4 warps) 3.19 / 3.12
+#: against 2.51 / 2.57 (with the wide forward); 3 x 256 (8) 3.10 / 3.14 against 2.72 / 2.68;
+#: 2 x 384 (12) 2.90 / 3.11 against 3.16 / 3.12. At B = 64 (two n tiles) the wide backward is
+#: the faster (LSTM 6 x 128: 4.22 against 4.85 on narrow blocks four per SM), and the GRU's
+#: wide backward is the fastest of its points (6 x 128, B = 16: 1.92 against 2.41).
 WIDE_BACKWARD_EXTRA_US = 0.6
 #: Past NARROW_MAX_HEAD_DIM (Hopper only), wide blocks split R between registers and shared
 #: memory: this many product warps (256 threads, so 255 registers each), their first k tiles'
@@ -690,7 +692,7 @@ class GridMma(Variant):
         factor = FP32_BACKWARD_FACTOR if p.dtype == "fp32" else BACKWARD_FACTOR
         backward = unit * factor
         at_limit = p.n_states + p.n_params >= WIDE_MAX_STATE_WORDS
-        if uw == 2 and p.gates_r > 0 and not split(p, uw) and at_limit:
+        if uw == 2 and nt == 1 and p.gates_r > 0 and not split(p, uw) and at_limit:
             backward += WIDE_BACKWARD_EXTRA_US * max(0, 12 - backward_warps(p, uw)[0]) / 8
         return Cost(terms, launches, unit * launches, backward * launches)
 
