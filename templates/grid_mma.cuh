@@ -113,8 +113,13 @@ struct Kernels : MmaCommon<C> {
       if (C::kGridNT[i] == nt && C::kGridUW[i] == uw) return i;
     return -1;
   }
-  // The forward joins a warp's loads of h (rnncc::join) from this many k tiles (4 loads a lane):
-  // with fewer, ptxas issues them together anyway, and the join only delays the first mma.
+  // The forward joins a warp's loads of h (rnncc::join) from this many k tiles (4 loads a lane),
+  // on wide, split and streaming blocks (UW >= 2): with fewer, ptxas issues them together
+  // anyway, and the join only delays the first mma. Not on narrow blocks, where it made the
+  // forward slower (H100, bf16, T = 1024, A/B in one device call, fw ms with and without it):
+  // LSTM 1 x 1024 B 16 2.87-2.94 against 2.52, B 64 6.76-6.86 against 5.34-5.43; GRU 1 x 1024
+  // B 16 2.67-2.70 against 2.32-2.38; sLSTM 1 x 768 B 64 7.05 against 5.71, B 16 2.53
+  // against 2.21.
   static constexpr int kJoinKT = 8;
   static constexpr int kUnitTiles = (kD + 7) / 8;  // tiles of 8 units per head
   static_assert(kXWords % 32 == 0 && kXWords >= kGTiles * 16, "the exchange holds a row's dg in whole k-tile pairs");
@@ -349,7 +354,7 @@ struct Kernels : MmaCommon<C> {
               for (int j = 0; j < kJ; ++j)
                 rnncc::load_fragments<kPKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
                                                          b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
-              if constexpr (kPKT >= kJoinKT) {  // every n tile's first mma waits for all of the loads (rnncc::join)
+              if constexpr (kPKT >= kJoinKT && UW >= 2) {  // every n tile's first mma waits for all of the loads (rnncc::join)
                 uint32_t all = 0u;
 #pragma unroll
                 for (int j = 0; j < kJ; ++j) all |= rnncc::or_all(hb[j]);
