@@ -44,6 +44,11 @@ class Alternative:
     binding: tuple[str, ...] = ()
 
 
+def _params(point: tuple[tuple[str, Any], ...], eq: str = "=") -> str:
+    """A point's parameters as ``n_tiles=1, unit_tiles=2`` (``eq`` between name and value)."""
+    return ", ".join(f"{k}{eq}{v}" for k, v in point)
+
+
 @dataclass(frozen=True)
 class Plan:
     problem: Problem
@@ -71,14 +76,13 @@ class Plan:
     def summary(self) -> str:
         """One line: the variant, its parameters and its launch shape — what the runtime
         launches for this problem (the backward's too where it runs another point)."""
-        params = ", ".join(f"{k}={v}" for k, v in self.point)
+        params = _params(self.point)
         head = self.variant + (f" ({params})" if params else "")
         if self.launch.forward is None:
             return f"{head}: per step a matrix product and a pointwise kernel"
         line = f"{head}: forward {self.launch.forward.describe()}"
         if self.backward_point != self.point and self.launch.backward is not None:
-            params = ", ".join(f"{k}={v}" for k, v in self.backward_point)
-            line += f"; backward ({params}) {self.launch.backward.describe()}"
+            line += f"; backward ({_params(self.backward_point)}) {self.launch.backward.describe()}"
         return line
 
     def launched(self) -> dict[str, Any]:
@@ -131,9 +135,9 @@ class Plan:
         ]
         add = lines.append
         if self.point:
-            params = ", ".join(f"{k} = {v}" for k, v in self.point)
+            params = _params(self.point, " = ")
             if self.backward_point != self.point:  # the backward's own cheapest point
-                params += "; backward " + ", ".join(f"{k} = {v}" for k, v in self.backward_point)
+                params += "; backward " + _params(self.backward_point, " = ")
             add("  parameters  " + params)
         for name, k in (("forward", self.launch.forward), ("backward", self.launch.backward)):
             if k is not None:
