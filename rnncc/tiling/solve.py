@@ -131,13 +131,12 @@ def with_cheapest_backward(best: Plan, plans: Sequence[Plan]) -> Plan:
     in ``plans``' order among equals), where that point shares its exchange buffer: the
     forward and the backward are separate launches, each reading only what the other leaves in
     memory whatever its point (the saved states, and a fresh exchange buffer each call)."""
-    same = [
-        p
-        for p in plans
-        if p.variant == best.variant
-        and replace(p.launch, forward=None, backward=None)
-        == replace(best.launch, forward=None, backward=None)
-    ]
+
+    def exchange(plan: Plan) -> Any:  # the launch's buffer, past its two kernels
+        return replace(plan.launch, forward=None, backward=None)
+
+    mine = exchange(best)
+    same = [p for p in plans if p.variant == best.variant and exchange(p) == mine]
     other = min(same, key=lambda p: p.cost.backward_us)
     if other.cost.backward_us >= best.cost.backward_us:
         return best
