@@ -124,6 +124,25 @@ def test_fp32_small_heads_run_ffma_blocks(
         assert _forward(plan) == (0, (12, 2, 1), threads, 0, 1)
 
 
+def test_a_narrow_backward_keeps_r_past_48_registers_in_shared_memory(
+    problem: Callable[..., Problem], h100: HardwareCaps
+) -> None:
+    # 16-bit, 2 registers a k tile: up to 768 units a warp has at most 24 k tiles, all in
+    # registers; a 4-gate cell at 1024 units has 8 warps of 32, 24 of them in registers and 8 in
+    # shared memory (all 32 in registers spilled 256-356 bytes a thread). The forward and the
+    # 3-gate GRU (24 k tiles) keep all of R in registers.
+    def narrow(cell: str, D: int) -> dict:
+        plan = solve(problem(cell, 1, D), h100)
+        return next(k for k in plan.build["kernels"] if k["unit_tiles"] == 1)
+
+    k = narrow("lstm", 1024)
+    assert (k["bw_warps"], k["bw_k_tiles"], k["bw_registers"], k["bw_smem_tiles"]) == (8, 32, 24, 8)
+    assert k["bw_store"] == 8 * 8 * 32 * 8 and k["fw_smem_tiles"] == 0
+    for cell, D in (("lstm", 768), ("gru", 1024)):
+        k = narrow(cell, D)
+        assert k["bw_smem_tiles"] == 0 and k["bw_registers"] == k["bw_k_tiles"] == 24
+
+
 def test_fp32_past_64_runs_narrow_grid_blocks_as_3xtf32(
     problem: Callable[..., Problem], h100: HardwareCaps
 ) -> None:

@@ -393,7 +393,7 @@ def test_templates_do_not_recompute_the_build_record(template):
 def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     """The libraries the planner can choose on the device of ``caps`` for every example: the
     block variants at two head dims; the grid tier (28 kernels a library: the costly builds)
-    at 256 units for every example, at 768 for the largest cells, at a small head once, and
+    at 256 units for every example, at 768 and 1024 for the largest cells, at a small head once, and
     past 1024 units split wide blocks and streaming blocks.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
     tier at 256 units (for LSTM, GRU, sLSTM and the peephole LSTM), and the LSTM's at 448 (the
@@ -412,6 +412,9 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
+        # At 1024 units the narrow backward keeps part of R in shared memory (the LSTM and the
+        # peephole LSTM spilled with all of it in registers).
+        cases += [(cells[n], GRID, 1024) for n in ("lstm", "peephole_lstm")]
         # Past 1024 units: wide blocks that split R between registers and shared memory (the
         # LSTM at 2048), and streaming blocks (the LSTM at 4096, the GRU at 2304, 18 k tiles
         # a warp, where a larger forward register budget spilled).
