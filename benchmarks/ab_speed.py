@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 import time
@@ -48,7 +49,9 @@ def _time(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
-def measure(repeats: int, warmup: int, cells: tuple[str, ...], T: int = T) -> list[dict]:
+def measure(
+    repeats: int, warmup: int, cells: tuple[str, ...], T: int = T, problems: list = SHAPES
+) -> list[dict]:
     import torch
 
     import rnncc
@@ -63,7 +66,7 @@ def measure(repeats: int, warmup: int, cells: tuple[str, ...], T: int = T) -> li
             cell.prepare("cuda", head_dim=d)
 
     with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(prepare, [(loaded[c], s) for c in cells for s in SHAPES]))
+        list(pool.map(prepare, [(loaded[c], s) for c in cells for s in problems]))
     # The GPU's clocks ramp up under load: keep it busy for a while before the first timing, so
     # that the first problems of a run are not measured at idle clocks.
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -74,7 +77,7 @@ def measure(repeats: int, warmup: int, cells: tuple[str, ...], T: int = T) -> li
     records = []
     for name in cells:
         cell = loaded[name]
-        for nh, d, b in SHAPES:
+        for nh, d, b in problems:
             g = torch.Generator(device="cuda").manual_seed(0)
             shapes = cell.shapes(b, T, nh, d)
             x = {
@@ -165,6 +168,10 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--cells", default=",".join(CELLS))
     ap.add_argument("--seq", type=int, default=T, help="sequence length (1: the host's cost)")
+    ap.add_argument(
+        "--shapes",
+        help="only these problems: HEADSxDIM:BATCH, comma-separated (e.g. 6x128:16,1x768:2)",
+    )
     args = ap.parse_args()
     if args.compare:
         return compare(*args.compare, args.tolerance)
@@ -173,7 +180,15 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("ab_speed.py: needs a CUDA device", file=sys.stderr)
         return 2
-    records = measure(args.repeats, args.warmup, tuple(args.cells.split(",")), args.seq)
+    shapes = SHAPES
+    if args.shapes:
+        shapes = [
+            (int(nh), int(d), int(b))
+            for nh, d, b in (
+                re.fullmatch(r"(\d+)x(\d+):(\d+)", s).groups() for s in args.shapes.split(",")
+            )
+        ]
+    records = measure(args.repeats, args.warmup, tuple(args.cells.split(",")), args.seq, shapes)
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=1))
     return 0
