@@ -8,6 +8,11 @@ events, median of ``--repeats`` calls after warm-up, ``fw`` under no_grad, ``fwb
 ``.sum().backward()`` — ``rnncc.bench``'s method, restated here so that the old tree needs
 nothing new.
 
+Between processes one tree's time for a problem moves by up to 5-9 % on the grid tier and
+10-16 % on the block tier (H100, 2026-11-27, same calls one process apart), more than the 3 %
+a comparison judges: run each tree several times, alternating, and compare the fastest runs
+(``--compare a1.json,a2.json,... b1.json,...``); ``--shapes`` reruns a few problems.
+
     PYTHONPATH=old python benchmarks/ab_speed.py --out old.json
     PYTHONPATH=.   python benchmarks/ab_speed.py --out new.json
     python benchmarks/ab_speed.py --compare old.json new.json
