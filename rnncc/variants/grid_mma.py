@@ -108,8 +108,8 @@ FP32_FORWARD_WARPS = 12
 FP32_KERNELS = ((1, 1), (2, 1), (4, 1))
 #: Narrow blocks' backward: R's fragments in at most this many registers per thread, the rest
 #: of a warp's k tiles in shared memory. With all of them in registers (255 a thread), fp32's
-#: backward spilled for several cells at 768 and 1024 units, and the 16-bit one 256-356 bytes
-#: for the LSTM and the peephole LSTM at 1024 units (32 k tiles a warp, 64 registers).
+#: backward spilled for several cells at 768 and 1024 units, and the 16-bit one 68-420 bytes
+#: for the LSTM, sLSTM and peephole LSTM at 1024 units (32 k tiles a warp, 64 registers).
 NARROW_BW_REGISTERS = 48
 #: fp32's backward step against its forward step, as measured on an H100 (the kernels of an
 #: LSTM at 768 units, B = 16: 2.15; 1.9-2.3 over benchmarks/fp32_speed.py's points).
@@ -191,10 +191,10 @@ def _tile_bytes(p: Problem, uw: int, backward: bool) -> int:
 def _tiles(p: Problem, uw: int, backward: bool) -> tuple[int, int, int]:
     """Where a warp's k tiles of R live: (in registers, in shared memory, in global memory).
     All in registers, except in a narrow block's backward (as many as NARROW_BW_REGISTERS
-    hold, the rest in shared memory) and on split blocks: the first as many as SPLIT_FW_REGISTERS (or
-    SPLIT_BW_REGISTERS) hold, then the rest in shared memory (wide blocks), or as many of them
-    as leave room for the partial sums of the widest kernel (streaming blocks) and the rest in
-    global memory."""
+    hold, the rest in shared memory) and on split blocks: the first as many as
+    SPLIT_FW_REGISTERS (or SPLIT_BW_REGISTERS) hold, then the rest in shared memory (wide
+    blocks), or as many of them as leave room for the partial sums of the widest kernel
+    (streaming blocks) and the rest in global memory."""
     warps, kt = (backward_warps if backward else forward_warps)(p, uw)
     per_tile = fragments(p, uw, backward) * (2 if backward and uw == 1 else 4) * reg_words(p)
     if not split(p, uw):

@@ -129,7 +129,7 @@ def test_a_narrow_backward_keeps_r_past_48_registers_in_shared_memory(
 ) -> None:
     # 16-bit, 2 registers a k tile: up to 768 units a warp has at most 24 k tiles, all in
     # registers; a 4-gate cell at 1024 units has 8 warps of 32, 24 of them in registers and 8 in
-    # shared memory (all 32 in registers spilled 256-356 bytes a thread). The forward and the
+    # shared memory (all 32 in registers spilled 68-420 bytes a thread). The forward and the
     # 3-gate GRU (24 k tiles) keep all of R in registers.
     def narrow(cell: str, D: int) -> dict:
         plan = solve(problem(cell, 1, D), h100)

@@ -412,9 +412,9 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
-        # At 1024 units the narrow backward keeps part of R in shared memory (the LSTM and the
-        # peephole LSTM spilled with all of it in registers).
-        cases += [(cells[n], GRID, 1024) for n in ("lstm", "peephole_lstm")]
+        # At 1024 units the narrow backward of 4-gate cells keeps part of R in shared memory
+        # (with all of it in registers they spilled).
+        cases += [(cells[n], GRID, 1024) for n in ("lstm", "slstm", "peephole_lstm")]
         # Past 1024 units: wide blocks that split R between registers and shared memory (the
         # LSTM at 2048), and streaming blocks (the LSTM at 4096, the GRU at 2304, 18 k tiles
         # a warp, where a larger forward register budget spilled).
