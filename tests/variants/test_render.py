@@ -413,8 +413,8 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
         # At 1024 units the narrow backward of 4-gate cells keeps part of R in shared memory
-        # (with all of it in registers they spilled).
-        cases += [(cells[n], GRID, 1024) for n in ("lstm", "slstm", "peephole_lstm")]
+        # (with all of it in registers they spilled): the two of most states and params.
+        cases += [(cells[n], GRID, 1024) for n in ("slstm", "peephole_lstm")]
         # Past 1024 units: wide blocks that split R between registers and shared memory (the
         # LSTM at 2048), and streaming blocks (the LSTM at 4096, the GRU at 2304, 18 k tiles
         # a warp, where a larger forward register budget spilled).
