@@ -4,7 +4,7 @@ Builds a wheel from a copy of the repository (so that no stale ``build/`` of the
 into it and the checkout stays clean), inspects it, installs it into a fresh venv and runs
 ``import rnncc``, ``python -m rnncc --help`` and the ``rnncc`` console script from a directory
 outside the repository; does the same for an editable install. Also checks the CI contract:
-``.ci/run`` finds the README's test command, and its ruff pin matches the ``dev`` extra.
+``.ci/run`` finds the README's test command, and its ruff and mypy pins match the ``dev`` extra.
 
 The venvs are made with ``--system-site-packages`` and install rnncc with ``--no-deps`` so that
 torch is never downloaded; when the tests themselves run in a venv (CI), that only reaches the
@@ -243,8 +243,9 @@ def test_ci_fails_loudly_without_a_test_command(
         assert "venv" not in proc.stdout
 
 
-def test_ci_ruff_pin_matches_the_dev_extra() -> None:
+@pytest.mark.parametrize("tool", ["ruff", "mypy"])
+def test_ci_pins_match_the_dev_extra(tool: str) -> None:
     ci = (REPO / ".ci" / "run").read_text()
-    (ci_version,) = re.findall(r'^RUFF_VERSION="([^"]+)"$', ci, re.MULTILINE)
+    (ci_version,) = re.findall(rf'^{tool.upper()}_VERSION="([^"]+)"$', ci, re.MULTILINE)
     dev = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    assert f"ruff=={ci_version}" in dev["dev"]
+    assert f"{tool}=={ci_version}" in dev["dev"]

@@ -539,7 +539,7 @@ class GridMma(Variant):
         "mma.sync grid tier: a head's units over co-resident blocks, h exchanged through L2 "
         "(fp32 as 3xTF32)"
     )
-    dtypes = ("fp16", "bf16", "fp32")
+    dtypes: ClassVar[tuple[str, ...]] = ("fp16", "bf16", "fp32")
     host = "fused"
     constraints: ClassVar[tuple[Constraint, ...]] = (
         R_TILE,
