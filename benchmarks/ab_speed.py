@@ -55,7 +55,11 @@ def _time(fn, repeats: int, warmup: int) -> float:
 
 
 def measure(
-    repeats: int, warmup: int, cells: tuple[str, ...], T: int = T, problems: list = SHAPES
+    repeats: int,
+    warmup: int,
+    cells: tuple[str, ...],
+    T: int = T,
+    problems: list[tuple[int, int, int]] = SHAPES,
 ) -> list[dict]:
     import torch
 
@@ -159,6 +163,17 @@ def compare(a_path: str, b_path: str, tolerance: float) -> int:
     return 1 if worse else 0
 
 
+def _problems(text: str) -> list[tuple[int, int, int]]:
+    """``--shapes``: "6x128:16,1x768:2" → [(6, 128, 16), (1, 768, 2)]."""
+    found = []
+    for item in text.split(","):
+        m = re.fullmatch(r"(\d+)x(\d+):(\d+)", item.strip())
+        if m is None:
+            raise argparse.ArgumentTypeError(f"{item!r} is not HEADSxDIM:BATCH (e.g. 6x128:16)")
+        found.append((int(m[1]), int(m[2]), int(m[3])))
+    return found
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the measurements here (JSON)")
@@ -175,6 +190,7 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=T, help="sequence length (1: the host's cost)")
     ap.add_argument(
         "--shapes",
+        type=_problems,
         help="only these problems: HEADSxDIM:BATCH, comma-separated (e.g. 6x128:16,1x768:2)",
     )
     args = ap.parse_args()
@@ -185,14 +201,7 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("ab_speed.py: needs a CUDA device", file=sys.stderr)
         return 2
-    shapes = SHAPES
-    if args.shapes:
-        shapes = [
-            (int(nh), int(d), int(b))
-            for nh, d, b in (
-                re.fullmatch(r"(\d+)x(\d+):(\d+)", s).groups() for s in args.shapes.split(",")
-            )
-        ]
+    shapes = args.shapes or SHAPES
     records = measure(args.repeats, args.warmup, tuple(args.cells.split(",")), args.seq, shapes)
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=1))
