@@ -393,8 +393,8 @@ def test_templates_do_not_recompute_the_build_record(template):
 def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     """The libraries the planner can choose on the device of ``caps`` for every example: the
     block variants at two head dims; the grid tier (28 kernels a library: the costly builds)
-    at 256 units for every example, at 768 and 1024 for the largest cells, at a small head once, and
-    past 1024 units split wide blocks and streaming blocks.
+    at 256 units for every example, at 768 for the largest cells (and 1024 for the sLSTM), at
+    a small head once, and past 1024 units split wide blocks and streaming blocks.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
     tier at 256 units (for LSTM, GRU, sLSTM and the peephole LSTM), and the LSTM's at 448 (the
     largest head of wide blocks there) and, on sm_80, 768 (narrow blocks only: wide ones
@@ -413,8 +413,8 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
         # At 1024 units the narrow backward of 4-gate cells keeps part of R in shared memory
-        # (with all of it in registers they spilled): the two of most states and params.
-        cases += [(cells[n], GRID, 1024) for n in ("slstm", "peephole_lstm")]
+        # (with all of it in registers they spilled): the sLSTM's, which spilled the most.
+        cases += [(cells["slstm"], GRID, 1024)]
         # Past 1024 units: wide blocks that split R between registers and shared memory (the
         # LSTM at 2048), and streaming blocks (the LSTM at 4096, the GRU at 2304, 18 k tiles
         # a warp, where a larger forward register budget spilled).
