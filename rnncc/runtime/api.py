@@ -334,6 +334,7 @@ class CompiledCell:
         *,
         timeline: bool = False,
         density: float = 1.0,
+        mask: torch.Tensor | None = None,
     ) -> Plan:
         """The plan a call at these sizes runs on ``device``: the kernel variant, its
         parameters, its launch and predicted cost (``Plan.explain()``). ``backend``:
@@ -341,7 +342,9 @@ class CompiledCell:
         naming the binding constraints when none runs the size) or ``"stepwise"``.
         ``timeline``: the plan of calls with ``lengths=`` or ``reverse=True``; ``density``:
         of calls with a ``mask=`` keeping this fraction of R in its fullest strip of units
-        (``rnncc.runtime.sparsity.strip_density``)."""
+        (``rnncc.runtime.sparsity.strip_density``) and in its fullest piece of one
+        (``piece_density``); ``mask``: of calls with this mask (both measured as a call does;
+        it overrides ``density``)."""
         if dtype not in _CUDA_DTYPES:
             raise ValueError(f"the CUDA backends store float32, float16 or bfloat16; got {dtype}")
         if backend not in ("auto", "fused", "stepwise"):
@@ -349,7 +352,9 @@ class CompiledCell:
                 f"plans are for backend 'auto', 'fused' or 'stepwise'; got {backend!r}"
             )
         sizes = Sizes(B, 1, NH, D)
-        return self._plan_for(torch.device(device), dtype, sizes, backend, timeline, density)
+        dev = torch.device(device)
+        measured = density if mask is None else self._density(mask, dev, D)
+        return self._plan_for(dev, dtype, sizes, backend, timeline, measured)
 
     def prepare(
         self,
@@ -361,17 +366,19 @@ class CompiledCell:
         heads: int = 1,
         timeline: bool = False,
         density: float = 1.0,
+        mask: torch.Tensor | None = None,
     ) -> None:
         """Build (or load from the cache) the CUDA kernels for ``device`` now rather than at
         the first call: the stepwise kernels, and with ``head_dim`` those of the plan for
         these sizes (``timeline``: also those of calls with ``lengths=`` or ``reverse=True``;
-        ``density``: of calls with a mask, as in ``plan``). Safe to call from several threads
+        ``density``, ``mask``: of calls with a mask, as in ``plan``). Safe to call from several threads
         for different cells at once."""
         dev = torch.device(device)
         sizes = Sizes(batch, 1, heads, head_dim or 1)
         self._ops_for(dev, self._plan_for(dev, dtype, sizes, "stepwise"))
         if head_dim is not None:
-            self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", False, density))
+            measured = density if mask is None else self._density(mask, dev, head_dim)
+            self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", False, measured))
             if timeline:
                 self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", True))
 
@@ -392,13 +399,17 @@ class CompiledCell:
         sizes: Sizes,
         backend: str,
         timeline: bool = False,
-        density: float = 1.0,
+        density: float | tuple[float, float] = 1.0,
     ) -> Plan:
         """The plan of a call: solved on first use and kept (a device without an index, "the
-        current device", is solved for each time)."""
+        current device", is solved for each time). ``density``: R's kept fraction, or a mask's
+        (strip, piece) densities (``_density``)."""
         B, _, NH, D = sizes
-        density = min(1.0, math.ceil(density * 4096) / 4096)  # masks of about one density share it
-        key = (device, dtype, B, NH, D, backend, timeline, density)
+        strip, piece = density if isinstance(density, tuple) else (density, density)
+        strip, piece = (
+            min(1.0, math.ceil(d * 4096) / 4096) for d in (strip, piece)
+        )  # masks of about one density share it
+        key = (device, dtype, B, NH, D, backend, timeline, strip, piece)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -412,7 +423,8 @@ class CompiledCell:
             batch=B,
             dtype=DTYPE_NAMES[dtype],
             timeline=timeline,
-            density=density,
+            density=strip,
+            piece_density=piece,
         )
         variants = {
             "auto": VARIANTS,
@@ -447,11 +459,13 @@ class CompiledCell:
             self._warned.add(key)
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
-    def _density(self, mask: torch.Tensor | None, device: torch.device, D: int) -> float:
-        """The kept fraction of ``mask``'s fullest strip of the sparse kernel's blocks on
-        ``device`` (1.0 without a mask)."""
+    def _density(
+        self, mask: torch.Tensor | None, device: torch.device, D: int
+    ) -> tuple[float, float]:
+        """The kept fractions of ``mask``'s fullest strip and piece of the sparse kernel's
+        blocks on ``device`` (``rnncc.runtime.sparsity``; 1.0 without a mask)."""
         if mask is None:
-            return 1.0
+            return 1.0, 1.0
         from rnncc.variants.grid_sparse import block_units
 
         return self._densities(mask, block_units(D, self._caps(device).sm_count))

@@ -3,9 +3,10 @@
 A mask is a bool tensor of R's shape ``[Gr, NH, D, D]`` (True: kept). A cell call with
 ``mask=`` runs ``R * mask``: the dropped entries are zeros of R, R's gradient is zero there,
 and on CUDA the sparse kernel (``grid_sparse``) keeps only the non-zeros on chip. The planner
-needs one number of a mask: the kept fraction of its fullest strip of ``units`` units, over
-the rows of R those units own (forward) and over their columns (backward); it is computed on
-the device once per mask (and again after the mask changes in place).
+needs two numbers of a mask: the kept fraction of its fullest strip of ``units`` units, over
+the rows of R those units own (forward) and over their columns (backward), and of its fullest
+piece of a strip (``piece_density``); they are computed on the device once per mask (and again
+after the mask changes in place).
 
 ``magnitude_mask(R, density)``: the mask keeping the ``density`` largest-magnitude entries of
 each gate of each head.
@@ -47,40 +48,67 @@ def masked(R: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return torch.where(mask, R, torch.zeros((), dtype=R.dtype, device=R.device))
 
 
-def strip_density(mask: torch.Tensor, units: int) -> float:
-    """The kept fraction of ``mask``'s fullest strip: blocks of ``units`` units (the last one
-    padded), each owning R's rows of its units over every gate (forward) and R's columns of its
-    units over every gate row (backward), both ``Gr × units × D`` entries."""
+def _strips(mask: torch.Tensor, units: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``mask`` as the strips of blocks of ``units`` units (the last one padded): R's rows of a
+    block's units ``[G, NH, blocks, units, D]`` (forward) and its columns ``[G, NH, D, blocks,
+    units]`` (backward), as int32."""
     G, NH, D, _ = mask.shape
     blocks = -(-D // units)
     pad = blocks * units - D
     m = mask.to(torch.int32)
     rows = torch.nn.functional.pad(m, (0, 0, 0, pad)).view(G, NH, blocks, units, D)
     cols = torch.nn.functional.pad(m, (0, pad)).view(G, NH, D, blocks, units)
+    return rows, cols
+
+
+def strip_density(mask: torch.Tensor, units: int) -> float:
+    """The kept fraction of ``mask``'s fullest strip: blocks of ``units`` units (the last one
+    padded), each owning R's rows of its units over every gate (forward) and R's columns of its
+    units over every gate row (backward), both ``Gr × units × D`` entries."""
+    G, _, D, _ = mask.shape
+    rows, cols = _strips(mask, units)
     fullest = torch.maximum(rows.sum((0, 3, 4)).max(), cols.sum((0, 2, 4)).max())
     return float(fullest.item()) / (G * units * D)
 
 
+def piece_density(mask: torch.Tensor, units: int) -> float:
+    """The kept fraction of ``mask``'s fullest piece: the parts of a strip (as ``strip_density``)
+    that the sparse kernels stage the operand in, at their finest: a forward strip's columns in
+    halves, a backward strip's rows a gate and a half at a time (halves only for an even ``D``).
+    The kernels that keep part of the entries in registers hold a share of each such part
+    there, so they must know how full the fullest one is."""
+    G, NH, D, _ = mask.shape
+    rows, cols = _strips(mask, units)
+    if D % 2:
+        return max(strip_density(mask, units), float(cols.sum((2, 4)).max().item()) / (units * D))
+    h, blocks = D // 2, rows.shape[2]
+    fw = rows.view(G, NH, blocks, units, 2, h).sum((0, 3, 5)).max() / (G * units * h)
+    bw = cols.view(G, NH, 2, h, blocks, units).sum((3, 5)).max() / (units * h)
+    return float(torch.maximum(fw, bw).item())
+
+
 class StripDensities:
-    """``strip_density`` of the masks a cell is called with, kept while each mask lives and
-    until it changes in place (its version counter moves). Keyed by identity: a tensor's
-    ``==`` is elementwise, so no mapping may compare masks."""
+    """``strip_density`` and ``piece_density`` of the masks a cell is called with, kept while
+    each mask lives and until it changes in place (its version counter moves). Keyed by
+    identity: a tensor's ``==`` is elementwise, so no mapping may compare masks."""
 
     KEPT = 64  # entries past which those of masks no longer alive are dropped
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[weakref.ref[torch.Tensor], int, int, float]] = {}
+        self._kept: dict[int, tuple[weakref.ref[torch.Tensor], int, int, tuple[float, float]]] = {}
 
-    def __call__(self, mask: torch.Tensor, units: int) -> float:
+    def __call__(self, mask: torch.Tensor, units: int) -> tuple[float, float]:
+        """(strip density, piece density) of ``mask`` for blocks of ``units`` units."""
         found = self._kept.get(id(mask))
         version = mask._version
         if found is not None and found[0]() is mask and found[1:3] == (version, units):
             return found[3]
-        density = strip_density(mask, units)
+        strip = strip_density(mask, units)
+        densities = (strip, max(strip, piece_density(mask, units)))
         if len(self._kept) >= self.KEPT:
             self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
-        self._kept[id(mask)] = (weakref.ref(mask), version, units, density)
-        return density
+        self._kept[id(mask)] = (weakref.ref(mask), version, units, densities)
+        return densities
 
 
 def magnitude_mask(R: torch.Tensor, density: float) -> torch.Tensor:

@@ -47,6 +47,9 @@ class Problem:
     # R's kept fraction (a mask: its dropped entries are zeros) in the fullest strip of units
     # that the sparse variant's blocks own (``rnncc.variants.grid_sparse``); 1.0: dense
     density: float = 1.0
+    # the same in the fullest piece (half of a strip, by the chunks the sparse kernels stage the
+    # operand in: ``rnncc.runtime.sparsity.piece_density``); None: ``density``
+    piece_density: float | None = None
 
     def __post_init__(self) -> None:
         for field in ("heads", "head_dim", "batch", "n_states"):
@@ -71,6 +74,15 @@ class Problem:
             raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if not 0.0 <= self.density <= 1.0:
             raise ValueError(f"density must be in [0, 1], got {self.density}")
+        if self.piece_density is not None and not self.density <= self.piece_density <= 1.0:
+            raise ValueError(
+                f"piece_density must be in [density, 1] = [{self.density}, 1], got {self.piece_density}"
+            )
+
+    @property
+    def chunk_density(self) -> float:
+        """The kept fraction of the fullest piece (``density`` where none was measured)."""
+        return self.density if self.piece_density is None else self.piece_density
 
     @property
     def dtype_bytes(self) -> int:
@@ -107,6 +119,7 @@ class Problem:
         op_counts: Mapping[str, int] | None = None,
         timeline: bool = False,
         density: float = 1.0,
+        piece_density: float | None = None,
     ) -> Problem:
         """The problem of an IR cell at the given sizes.
 
@@ -133,6 +146,7 @@ class Problem:
             cell_regs=estimate_cell_regs(op_counts),
             timeline=timeline,
             density=density,
+            piece_density=piece_density,
         )
 
 
