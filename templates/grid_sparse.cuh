@@ -1,14 +1,17 @@
 // The grid_sparse variant's kernels (bf16 / fp16): the grid tier for a sparse R (a mask whose
 // dropped entries are zeros of R). Block (u, head, batch chunk) owns kU units [kU u, kU u + kU)
-// and kNB batch rows, and keeps the non-zeros of its part of R in shared memory for the whole
-// sequence as 32-bit entries: the value's 16 bits, then its column (16 bits). The forward's
-// part is R's rows of its units (slots: gate k, unit: k kU + unit), the backward's R's columns
-// of its units (slots: the units; a column index is a gate row k D + row, in chunks of one gate,
-// kD columns, each chunk's operand staged in turn).
+// and kNB batch rows, and keeps the non-zeros of its part of R on chip for the whole sequence
+// as 32-bit entries: the value's 16 bits, then its column (16 bits). The forward's part is R's
+// rows of its units (slots: gate k, unit: k kU + unit), the backward's R's columns of its units
+// (slots: the units; a column index is a gate row k D + row, in chunks of one gate, kD columns,
+// each chunk's operand staged in turn).
 //
 // The kernel's prologue finds the non-zeros itself (a warp per slot, ballots in column order,
-// so their order is deterministic) and splits each chunk's entries evenly over the
-// warps (a warp's range may start and end inside a slot). A step:
+// so their order is deterministic) into the block's scratch in the exchange buffer, splits each
+// chunk's entries evenly over the warps (a warp's range may start and end inside a slot), and
+// moves them where the steps read them: a warp's first kFwRegSteps / kBwRegSteps steps of 32
+// entries of each chunk into its lanes' registers (plans whose entries shared memory alone
+// cannot hold: 256 threads of up to 255 registers), the rest into shared memory. A step:
 //
 // - wait for the head's blocks (a counter per (head, batch chunk), as on grid_mma), copy the
 //   operand (h, or dg's rows of kBwGates gates, or half of either: a chunk of columns at a
@@ -23,8 +26,9 @@
 //
 // Full-length sequences only (no kTimeline): lengths and the reverse direction take the dense
 // variants. Templated on the generated cell struct C: its shape and the plan's kU, kNB,
-// kSparseThreads, kFwEntries / kBwEntries (each block's capacity), kFwSmem / kBwSmem, kBwGates,
-// kFwSplit / kBwSplit.
+// kSparseThreads, kFwEntries / kBwEntries (each block's shared-memory capacity), kFwSmem /
+// kBwSmem, kBwGates, kFwSplit / kBwSplit, kFwRegSteps / kBwRegSteps and kScratch (a block's
+// scratch words).
 #pragma once
 #include <type_traits>
 
@@ -69,11 +73,16 @@ struct Kernels : MmaCommon<C> {
     static constexpr int kCols = (Fw ? kD : C::kBwGates * kD) / kSplit;
     static constexpr int kChunks = kSplit * (Fw ? 1 : kGr / C::kBwGates);
     static constexpr int kCap = Fw ? C::kFwEntries : C::kBwEntries;
+    // Register steps per chunk: a lane holds the entries of a warp's first kRegSteps steps of
+    // each chunk (32 entries a step) in registers, the rest of its range in shared memory.
+    static constexpr int kRegSteps = Fw ? C::kFwRegSteps : C::kBwRegSteps;
+    static constexpr int kRegs = kRegSteps * kChunks;
     static constexpr int kOperand = 4 * kCap;
     static constexpr int kSums = kOperand + 2 * kCols * kNB;
     static constexpr int kStart = kSums + 4 * kSlots * kNB;
     static constexpr int kFirst = kStart + 4 * (kChunks * kSlots + 1);
-    static constexpr int kSide = kFirst + 4 * kChunks * kWarps;
+    static constexpr int kShift = kFirst + 4 * kChunks * kWarps;  // per (chunk, warp): entry - its shared index
+    static constexpr int kSide = kShift + 4 * kChunks * kWarps;
     static constexpr int kBytes = kSide + (Fw ? 0 : 4 * ((kGb > 0 ? kGb : 1) + (kP > 0 ? kP : 1)) * kU);
     static_assert(kCap % 4 == 0 && kCap > 0, "the operand follows the entries 16-byte aligned");
     static_assert(Fw || (kGr % C::kBwGates == 0 && kCols <= 65536), "whole chunks; a column fits 16 bits");
@@ -94,26 +103,45 @@ struct Kernels : MmaCommon<C> {
       counter = xchg + slot_size + (long long)n * chunks + c;  // past both slots (32-bit words)
     }
     __device__ __forceinline__ unsigned short* slot(const int s) const { return out + (s & 1) * slot_size; }
+    // This block's scratch, past the counters from the next multiple of 4 words: the entries
+    // as the prologue finds them (C::kScratch words a block of the launch), read back into
+    // registers and shared memory before the first step.
+    static __device__ uint32_t* scratch(unsigned* xchg, const int NH, const int chunks) {
+      const long long counters = (long long)NH * chunks * kK * kNB + (long long)NH * chunks;  // 32-bit words
+      const long long block = ((long long)blockIdx.z * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+      return xchg + (counters + 3) / 4 * 4 + block * C::kScratch;
+    }
   };
 
   // Stage chunk c of an exchange slot (columns [c kCols, c kCols + kCols)) into the operand
-  // (8-byte copies; L2 only: other SMs wrote them), kBatch loads in flight before their stores
-  // (a whole gate set of dg at 8 rows would take 72 registers at once).
+  // (L2 only: other SMs wrote them). Beside a thread's register entries, by 16-byte cp.async
+  // (every copy in flight at once, through no registers) where the chunk and the slots are
+  // 16-byte aligned; else by 8-byte loads, kBatch in flight before their stores (a whole gate
+  // set of dg at 8 rows would take 72 registers at once).
   template <bool Fw>
   static __device__ __forceinline__ void stage(unsigned char* smem, const unsigned short* slot, const int c) {
     using Sh = Shape<Fw>;
-    constexpr int kVecs = Sh::kCols * kNB / 4, kIter = (kVecs + kThreads - 1) / kThreads, kBatch = 12;
-    const uint2* src = reinterpret_cast<const uint2*>(slot + (long long)c * Sh::kCols * kNB) + threadIdx.x;
-    uint2* dst = reinterpret_cast<uint2*>(smem + Sh::kOperand) + threadIdx.x;
+    if constexpr (Sh::kRegs > 0 && Sh::kCols * kNB % 8 == 0 && kK * kNB % 8 == 0) {
+      const char* const src = reinterpret_cast<const char*>(slot + (long long)c * Sh::kCols * kNB);
+      const uint32_t dst = (uint32_t)__cvta_generic_to_shared(smem + Sh::kOperand);
+      for (int i = threadIdx.x; i < Sh::kCols * kNB / 8; i += kThreads)
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst + 16 * i), "l"(src + 16 * i) : "memory");
+      asm volatile("cp.async.wait_all;" ::: "memory");
+    } else {
+      constexpr int kVecs = Sh::kCols * kNB / 4, kIter = (kVecs + kThreads - 1) / kThreads,
+                    kBatch = Sh::kRegs > 0 ? 4 : 12;
+      const uint2* src = reinterpret_cast<const uint2*>(slot + (long long)c * Sh::kCols * kNB) + threadIdx.x;
+      uint2* dst = reinterpret_cast<uint2*>(smem + Sh::kOperand) + threadIdx.x;
 #pragma unroll
-    for (int i0 = 0; i0 < kIter; i0 += kBatch) {
-      uint2 v[kBatch];
+      for (int i0 = 0; i0 < kIter; i0 += kBatch) {
+        uint2 v[kBatch];
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i)
-        if (i0 + i < kIter && threadIdx.x + (i0 + i) * kThreads < kVecs) v[i] = __ldcg(src + (i0 + i) * kThreads);
+        for (int i = 0; i < kBatch; ++i)
+          if (i0 + i < kIter && threadIdx.x + (i0 + i) * kThreads < kVecs) v[i] = __ldcg(src + (i0 + i) * kThreads);
 #pragma unroll
-      for (int i = 0; i < kBatch; ++i)
-        if (i0 + i < kIter && threadIdx.x + (i0 + i) * kThreads < kVecs) dst[(i0 + i) * kThreads] = v[i];
+        for (int i = 0; i < kBatch; ++i)
+          if (i0 + i < kIter && threadIdx.x + (i0 + i) * kThreads < kVecs) dst[(i0 + i) * kThreads] = v[i];
+      }
     }
   }
 
@@ -137,9 +165,8 @@ struct Kernels : MmaCommon<C> {
   // wavefronts (the bank-aware layout of Sparse Persistent RNNs). Each strip is read three
   // times: counts, then per (chunk, slot) its groups' counts and the entries.
   template <bool Fw, class At>
-  static __device__ void gather(unsigned char* smem, const At& at) {
+  static __device__ void gather(unsigned char* smem, uint32_t* const ent, const At& at) {
     using Sh = Shape<Fw>;
-    uint32_t* const ent = reinterpret_cast<uint32_t*>(smem);
     int* const start = reinterpret_cast<int*>(smem + Sh::kStart);
     int* const first = reinterpret_cast<int*>(smem + Sh::kFirst);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = lane % kBanks;
@@ -174,7 +201,7 @@ struct Kernels : MmaCommon<C> {
         run += v;
       }
       start[Sh::kChunks * Sh::kSlots] = run;
-      if (run > Sh::kCap) __trap();  // the host checked the mask's strips against the capacity
+      if (run > C::kScratch) __trap();  // the host checked the mask's strips against the capacity
     }
     __syncthreads();
     for (int i = threadIdx.x; i < Sh::kChunks * kWarps; i += kThreads) {
@@ -224,6 +251,51 @@ struct Kernels : MmaCommon<C> {
     __syncthreads();
   }
 
+  // The entries the prologue found (`scratch`, in the order of `start`) to where the steps read
+  // them: of each (chunk, warp), the first kRegSteps steps of the warp's range into the lanes'
+  // registers (`re`, chunk by chunk; 0 past the range: value 0, column 0), the rest into shared
+  // memory, the parts one after another (chunk by chunk, warp by warp), with each part's shift
+  // (its first entry minus its shared index).
+  template <bool Fw>
+  static __device__ void distribute(unsigned char* smem, const uint32_t* const scratch, uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
+    using Sh = Shape<Fw>;
+    uint32_t* const ent = reinterpret_cast<uint32_t*>(smem);
+    const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart);
+    int* const shift = reinterpret_cast<int*>(smem + Sh::kShift);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    auto range = [&](const int c, const int w, int& lo, int& hi) {
+      const int* const st = start + c * Sh::kSlots;
+      lo = st[0] + warp_split<Fw>(st, w);
+      hi = st[0] + warp_split<Fw>(st, w + 1);
+    };
+    auto shared_part = [&](const int c, const int w) {
+      int lo, hi;
+      range(c, w, lo, hi);
+      return max(0, hi - lo - 32 * Sh::kRegSteps);
+    };
+    int total = 0;
+    for (int i = 0; i < Sh::kChunks * kWarps; ++i) total += shared_part(i / kWarps, i % kWarps);
+    if (total > Sh::kCap) __trap();  // the host checked the mask's pieces against the capacity
+    int at = 0;
+#pragma unroll
+    for (int c = 0; c < Sh::kChunks; ++c) {
+      for (int w = 0; w < warp; ++w) at += shared_part(c, w);
+      int lo, hi;
+      range(c, warp, lo, hi);
+#pragma unroll
+      for (int j = 0; j < Sh::kRegSteps; ++j) {
+        const int e = lo + 32 * j + lane;
+        re[c * Sh::kRegSteps + j] = e < hi ? __ldcg(scratch + e) : 0u;
+      }
+      const int from = min(hi, lo + 32 * Sh::kRegSteps);
+      if (lane == 0) shift[c * kWarps + warp] = from - at;
+      for (int e = from + lane; e < hi; e += 32) ent[at + e - from] = __ldcg(scratch + e);
+      at += hi - from;
+      for (int w = warp + 1; w < kWarps; ++w) at += shared_part(c, w);
+    }
+    __syncthreads();
+  }
+
   template <typename T>
   static __device__ __forceinline__ float value(const uint32_t e) {
     if constexpr (std::is_same<T, __nv_bfloat16>::value)
@@ -242,6 +314,30 @@ struct Kernels : MmaCommon<C> {
 
   // A column's kNB operand values: one load.
   typedef typename std::conditional<kNB == 4, uint2, uint4>::type Vec;
+
+  // The operand's kNB values of entry w's column (`op`: the operand's shared-memory address),
+  // as one volatile load: ptxas neither hoists these loads nor keeps their addresses ahead of
+  // them, which with a thread's entries in registers would spill.
+  static __device__ __forceinline__ Vec load_column(const uint32_t op, const uint32_t w) {
+    Vec h;
+    if constexpr (kNB == 4)
+      asm volatile(
+          "{ .reg .b32 a;\n\t"
+          "and.b32 a, %2, 0xffff;\n\t"
+          "mad.lo.u32 a, a, 8, %3;\n\t"
+          "ld.shared.v2.u32 {%0, %1}, [a]; }"
+          : "=r"(h.x), "=r"(h.y)
+          : "r"(w), "r"(op));
+    else
+      asm volatile(
+          "{ .reg .b32 a;\n\t"
+          "and.b32 a, %4, 0xffff;\n\t"
+          "mad.lo.u32 a, a, 16, %5;\n\t"
+          "ld.shared.v4.u32 {%0, %1, %2, %3}, [a]; }"
+          : "=r"(h.x), "=r"(h.y), "=r"(h.z), "=r"(h.w)
+          : "r"(w), "r"(op));
+    return h;
+  }
 
   // acc[b] += entry w's value x the operand's row b of its column (h).
   template <typename T>
@@ -286,13 +382,85 @@ struct Kernels : MmaCommon<C> {
     }
   }
 
-  // Warp `warp`'s entries of chunk c (the operand staged) into the slots' sums: a lane takes
-  // every 32nd entry of a slot's part of the warp's range, kUnroll loads in flight; only a
-  // part's last 32 kUnroll or fewer take a bound.
+  // The register part of a warp's range of chunk c, [lo, lo + 32 kRegSteps) (an even share of
+  // the chunk's entries, [lo, hi)): steps of 32 adjacent entries, lane l taking entry base + l,
+  // in blocks of kBlock steps whose operand loads go out at once. A block inside one slot's
+  // part adds into the lanes' sums without a bound; one where a part ends (or the range) adds
+  // each lane's entry into its own slot's sums, a slot at a time, flushing each finished part
+  // (plainly where it is the whole slot, else atomically). The cursor: slot s, its part
+  // [plo, end) in the range.
+  struct Cursor {
+    int s, plo, end, hi;
+    float acc[kNB];
+  };
+  static constexpr int kBlock = 8;
+
+  template <typename T>
+  static __device__ __forceinline__ void step_at_ends(const int* start, float* sums, Cursor& k, const int base,
+                                                      const uint32_t w, const Vec& h) {
+    const int e = base + (threadIdx.x & 31);
+    for (;;) {  // uniform
+      if (e >= k.plo && e < k.end) fma_entry<T>(w, h, k.acc);
+      if (k.end > base + 32) break;  // the part goes on past this step
+      flush(sums, k.s, k.acc, k.plo == start[k.s] && k.end == start[k.s + 1]);
+#pragma unroll
+      for (int b = 0; b < kNB; ++b) k.acc[b] = 0.0f;
+      if (k.end >= k.hi) break;  // the range's end
+      ++k.s;
+      while (start[k.s + 1] <= k.end) ++k.s;  // past empty slots
+      k.plo = k.end;
+      k.end = min(k.hi, start[k.s + 1]);
+      if (k.plo >= base + 32) break;  // the next part starts with the next step
+    }
+  }
+
   template <typename T, bool Fw>
-  static __device__ __forceinline__ void product(unsigned char* smem, const int c) {
+  static __device__ __forceinline__ void register_steps(const uint32_t op, const int* start, float* sums, Cursor& k, const int lo,
+                                                        const int c, const uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
     using Sh = Shape<Fw>;
-    const uint32_t* const ent = reinterpret_cast<const uint32_t*>(smem);
+    float odd[kNB];  // the odd steps' sums of a block inside one part: two chains of adds
+#pragma unroll
+    for (int b = 0; b < kNB; ++b) odd[b] = 0.0f;
+#pragma unroll
+    for (int j0 = 0; j0 < Sh::kRegSteps; j0 += kBlock) {
+      const int base = lo + 32 * j0;
+      if (base >= k.hi) break;  // uniform
+      const int n = Sh::kRegSteps - j0 < kBlock ? Sh::kRegSteps - j0 : kBlock;  // constant once unrolled
+      Vec h[kBlock];
+#pragma unroll
+      for (int j = 0; j < kBlock; ++j)
+        if (j < n) h[j] = load_column(op, re[c * Sh::kRegSteps + j0 + j]);
+      if (base + 32 * n < k.end) {  // the block inside one part, which goes on past it
+#pragma unroll
+        for (int j = 0; j < kBlock; ++j)
+          if (j < n) fma_entry<T>(re[c * Sh::kRegSteps + j0 + j], h[j], j % 2 ? odd : k.acc);
+      } else {  // one copy of the slow step a block (code size: the blocks are unrolled), its
+                // entry picked by selects rather than by a dynamic index
+#pragma unroll
+        for (int b = 0; b < kNB; ++b) {
+          k.acc[b] += odd[b];
+          odd[b] = 0.0f;
+        }
+#pragma unroll 1
+        for (int j = 0; j < n && base + 32 * j < k.hi; ++j) {
+          uint32_t w = re[c * Sh::kRegSteps + j0];
+#pragma unroll
+          for (int i = 1; i < kBlock; ++i)
+            if (i < n && i == j) w = re[c * Sh::kRegSteps + j0 + i];
+          step_at_ends<T>(start, sums, k, base + 32 * j, w, load_column(op, w));
+        }
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < kNB; ++b) k.acc[b] += odd[b];
+  }
+
+  // Warp `warp`'s entries of chunk c (the operand staged) into the slots' sums: its register
+  // steps (above), then its shared part, where a lane takes every 32nd entry of a slot's part,
+  // kUnroll loads in flight; only a part's last 32 kUnroll or fewer take a bound.
+  template <typename T, bool Fw>
+  static __device__ __forceinline__ void product(unsigned char* smem, const int c, const uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
+    using Sh = Shape<Fw>;
     const Vec* const op = reinterpret_cast<const Vec*>(smem + Sh::kOperand);
     float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
     const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart) + c * Sh::kSlots;  // slot s: [start[s], start[s + 1])
@@ -300,6 +468,22 @@ struct Kernels : MmaCommon<C> {
     int lo = start[0] + warp_split<Fw>(start, warp);
     const int hi = start[0] + warp_split<Fw>(start, warp + 1);
     int s = reinterpret_cast<const int*>(smem + Sh::kFirst)[c * kWarps + warp];
+    if constexpr (Sh::kRegSteps > 0) {
+      if (lo >= hi) return;  // uniform: no entries
+      Cursor k;
+      k.s = s;
+      k.plo = lo;
+      k.hi = hi;
+      k.end = min(hi, start[s + 1]);
+#pragma unroll
+      for (int b = 0; b < kNB; ++b) k.acc[b] = 0.0f;
+      register_steps<T, Fw>((uint32_t)__cvta_generic_to_shared(op), start, sums, k, lo, c, re);
+      lo = min(hi, lo + 32 * Sh::kRegSteps);
+      if (lo >= hi) return;  // the last step flushed
+      if (lo > k.plo) flush(sums, k.s, k.acc, false);  // a part the shared entries go on with
+      s = k.s;
+    }
+    const uint32_t* const ent = reinterpret_cast<const uint32_t*>(smem) - reinterpret_cast<const int*>(smem + Sh::kShift)[c * kWarps + warp];
     constexpr int kUnroll = kNB == 4 ? 4 : 2;  // 16-byte operand loads at 8 rows: fewer in flight
     for (; lo < hi; ++s) {
       const int end = min(hi, start[s + 1]);
@@ -343,10 +527,13 @@ struct Kernels : MmaCommon<C> {
     const int chunks = (a.B + kNB - 1) / kNB;
     const long long NHD = (long long)a.NH * kD;
     const unsigned short* R = static_cast<const unsigned short*>(a.R);
-    gather<true>(smem, [&](const int s, const int j) -> unsigned short {
+    uint32_t* const scratch = Exchange::scratch(a.xchg, a.NH, chunks);
+    gather<true>(smem, scratch, [&](const int s, const int j) -> unsigned short {
       const int k = s / kU, d = kU * u + s % kU;
       return d < kD ? R[(((long long)k * a.NH + n) * kD + d) * kD + j] : (unsigned short)0;
     });
+    uint32_t re[Sh::kRegs > 0 ? Sh::kRegs : 1];
+    distribute<true>(smem, scratch, re);
     for (int i = threadIdx.x; i < Sh::kSlots * kNB; i += kThreads) sums[i] = 0.0f;
 
     // A cell thread: unit d = kU u + dl, rows b0 + 2 j + q (q < 2).
@@ -396,10 +583,11 @@ struct Kernels : MmaCommon<C> {
 
     for (int t = 0; t < a.T; ++t) {
       rnncc::xchg_wait(ex.counter, (unsigned)(t + 1) * blocks);
+#pragma unroll  // a chunk's register entries by constant indices
       for (int k = 0; k < Sh::kChunks; ++k) {  // h whole, or in halves
         stage<true>(smem, ex.slot(t), k);
         __syncthreads();
-        product<T, true>(smem, k);
+        product<T, true>(smem, k, re);
         __syncthreads();
       }
       float acc[kPairs][4];  // C fragment order (ForwardIn): gate 2 p + i / 2, row q = i % 2
@@ -474,10 +662,13 @@ struct Kernels : MmaCommon<C> {
     const long long NHD = (long long)a.NH * kD;
     const int d_blk = kU * u;
     const unsigned short* R = static_cast<const unsigned short*>(a.R);
-    gather<false>(smem, [&](const int s, const int j) -> unsigned short {
+    uint32_t* const scratch = Exchange::scratch(a.xchg, a.NH, chunks);
+    gather<false>(smem, scratch, [&](const int s, const int j) -> unsigned short {
       const int d = d_blk + s, k = j / kD, row = j % kD;
       return d < kD ? R[(((long long)k * a.NH + n) * kD + row) * kD + d] : (unsigned short)0;
     });
+    uint32_t re[Sh::kRegs > 0 ? Sh::kRegs : 1];
+    distribute<false>(smem, scratch, re);
     for (int i = threadIdx.x; i < Sh::kSlots * kNB; i += kThreads) sums[i] = 0.0f;
     if (threadIdx.x < kU) {
       const int du = d_blk + threadIdx.x;
@@ -548,10 +739,11 @@ struct Kernels : MmaCommon<C> {
       }
       load_inputs(t - 1);
       rnncc::xchg_wait(ex.counter, (unsigned)(a.T - t) * blocks);
+#pragma unroll  // a chunk's register entries by constant indices
       for (int k = 0; k < Sh::kChunks; ++k) {  // dg whole, or a gate's rows at a time
         stage<false>(smem, ex.slot(t), k);
         __syncthreads();
-        product<T, false>(smem, k);
+        product<T, false>(smem, k, re);
         __syncthreads();
       }
       if (live) {

@@ -346,8 +346,8 @@ def test_plan_of_a_sparse_r(capsys) -> None:
     assert (rc, err) == (0, "")
     assert out.splitlines()[0].startswith("plan for Gr=4, NH=1, D=2304, B=4, bf16, R 30.0% dense")
     assert out.splitlines()[1].startswith("  variant     grid_sparse:")
-    rc, out, err = run(capsys, *args, "--density", "0.5")  # past what the blocks hold
-    assert rc == 0 and "grid_sparse: ruled out by entries_fit_shared_memory" in out
+    rc, out, err = run(capsys, *args, "--density", "0.6")  # past what the blocks hold
+    assert rc == 0 and "grid_sparse: ruled out by entries_fit_on_chip" in out
     for bad in ("0", "1.5", "half"):
         rc, out, err = run(capsys, *args, "--density", bad)
         assert rc == 2 and f"--density: must be a kept fraction in (0, 1], got '{bad}'" in err

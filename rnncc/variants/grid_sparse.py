@@ -1,24 +1,27 @@
 """Grid sparse: the fused 16-bit kernels for a sparse R (a mask), its non-zeros kept on chip.
 
 A head's units are split over blocks of ``units`` units (as few per block as fill the SMs),
-each with ``rows`` batch rows (4 or 8). A block keeps the non-zeros of its strips of R in
-shared memory for the whole sequence, 32 bits each (the 16-bit value and its column): the
-forward's strip is R's rows of the block's units (all gates), the backward's R's columns of
-them (all gate rows). The kernel finds them itself before the first step (zeros of R are
-skipped, so a mask's dropped entries cost nothing), so the plan needs only the kept fraction
-of the fullest strip (``Problem.density``, from the mask) to know they fit. A step stages h
-(or dg, whole or a gate's rows at a time; either in halves where the entries fit only beside
-half) in shared memory and runs the entries on the CUDA cores
-(fp32 sums), a warp per even share of them; h and dg go through an exchange buffer behind a
-counter per (head, batch chunk), as on ``grid_mma``. Every block of a launch is resident at
-once (a cooperative launch); (head, chunk) pairs beyond the SMs run in further launches.
-Full-length sequences in one direction only (``lengths=`` and ``reverse=`` take the dense
-variants).
+each with ``rows`` batch rows (4 or 8). A block keeps the non-zeros of its strips of R on chip
+for the whole sequence, 32 bits each (the 16-bit value and its column): in shared memory, and
+where that alone cannot hold them, part in its lanes' registers as well (``REG_THREADS``
+threads of ``REG_ENTRIES`` entries each). The forward's strip is R's rows of the block's units
+(all gates), the backward's R's columns of them (all gate rows). The kernel finds them itself
+before the first step (zeros of R are skipped, so a mask's dropped entries cost nothing), so
+the plan needs only two numbers of the mask to know they fit: the kept fraction of its fullest
+strip (``Problem.density``) and of its fullest piece (``Problem.piece_density``: the halves the
+operand is staged in; registers hold an even share of each chunk). A step stages h (or dg,
+whole or a gate's rows at a time; either in halves where the entries fit only beside half) in
+shared memory and runs the entries on the CUDA cores (fp32 sums), a warp per even share of
+them; h and dg go through an exchange buffer behind a counter per (head, batch chunk), as on
+``grid_mma``. Every block of a launch is resident at once (a cooperative launch); (head, chunk)
+pairs beyond the SMs run in further launches. Full-length sequences in one direction only
+(``lengths=`` and ``reverse=`` take the dense variants).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
@@ -30,8 +33,13 @@ if TYPE_CHECKING:
     from rnncc.tiling.hardware import HardwareCaps
     from rnncc.tiling.problem import Problem
 
-#: A block's threads: 16 warps share its entries.
+#: A block's threads where shared memory holds its entries: 16 warps share them.
 THREADS = 512
+#: A block's threads where its lanes' registers hold part of its entries as well (8 warps,
+#: up to 255 registers each), and the entries each thread holds there at 4 and at 8 batch rows
+#: (ptxas keeps every example's kernels under the register limit, no spills, at these).
+REG_THREADS = 256
+REG_ENTRIES = {4: 144, 8: 128}
 #: SMs of the device a library is built for when the plan names none (an H100 SXM's).
 DEFAULT_SMS = 132
 #: The cost model's fits to the kernels' times on an H100 (T = 1024, B = 4, LSTM and GRU at
@@ -47,6 +55,12 @@ ENTRY_US = 0.0744e-3
 BACKWARD_STEP_US = 3.5
 BACKWARD_CHUNK_US = 0.6
 BACKWARD_CHUNK_US_PER_UNIT = 0.3e-3
+#: A layout with entries in registers (8 warps a block: less latency hidden, and unrolled code
+#: for the register steps) against the shared-memory model above, forward and backward: fits to
+#: the LSTM at 2304 units, 45 %, and at 5280 units, 10 % (H100, B = 4, T = 1024: forward 1.65 and
+#: 1.74, backward 2.06 and 1.68 times the model's step; benchmarks/results/sparse-h100-2026-11-27.json).
+REG_LAYOUT_FW = 1.7
+REG_LAYOUT_BW = 1.85
 
 
 def block_units(head_dim: int, sm_count: int) -> int:
@@ -64,53 +78,51 @@ def _sms(caps: HardwareCaps | None) -> int:
     return DEFAULT_SMS if caps is None else caps.sm_count
 
 
-def backward_gates(p: Problem, units: int, smem: int = LIBRARY_SMEM) -> int:
-    """Gates of dg the backward stages at once: all of them where their rows fit beside the
-    fullest strip's entries (one stage and two barriers a step), else one at a time."""
-    gr = max(p.gates_r, 1)
-    return gr if strip_entries(p, units) <= capacity(p, units, True, smem, gr) else 1
+@dataclass(frozen=True)
+class Side:
+    """How the forward's or the backward's kernel holds a block's entries: the operand in
+    ``chunks`` staged one after another (the backward's dg ``gates`` gates' rows at a time; either
+    in ``split`` parts), each warp's first ``reg_steps`` steps of 32 entries of every chunk in its
+    lanes' registers, the rest (up to ``entries``) in shared memory."""
+
+    threads: int
+    gates: int
+    split: int
+    reg_steps: int
+    entries: int
+    smem: int
 
 
-def operand_split(p: Problem, units: int, backward: bool, smem: int = LIBRARY_SMEM) -> int:
-    """1, or 2 where the fullest strip's entries fit only beside half of the operand (h, or a
-    gate's rows of dg), staged a half at a time (a stage and two barriers more a step, per
-    half)."""
-    # (a backward that gets here stages dg a gate at a time: all of it at once did not fit)
-    gates = backward_gates(p, units, smem) if backward else 1
-    if strip_entries(p, units) <= capacity(p, units, backward, smem, gates):
-        return 1
-    return 2 if p.head_dim % 2 == 0 else 1
+def _chunks(p: Problem, backward: bool, gates: int, split: int) -> int:
+    return (max(p.gates_r, 1) // gates if backward else 1) * split
 
 
-def _fixed_bytes(p: Problem, units: int, backward: bool, gates: int = 1, split: int = 1) -> int:
+def _fixed_bytes(
+    p: Problem, units: int, backward: bool, gates: int, split: int, threads: int
+) -> int:
     """Shared memory besides the entries (the kernel's ``Shape``): the operand's chunk (h, or
     ``gates`` gates' rows of dg, or 1 / ``split`` of either: columns x rows, 16-bit), the
-    slots' float sums, the entries' start per (chunk, slot), each warp's first slot per
-    chunk, and the backward's biases and params of the block's units."""
+    slots' float sums, the entries' start per (chunk, slot), each warp's first slot and the
+    shift of its shared entries per chunk, and the backward's biases and params of the block's
+    units."""
     gr = max(p.gates_r, 1)
-    slots, chunks = (units, gr // gates) if backward else (gr * units, 1)
-    chunks *= split
+    slots = units if backward else gr * units
+    chunks = _chunks(p, backward, gates, split)
     cols = (gates * p.head_dim if backward else p.head_dim) // split
     nb = rows(p)
     fixed = 2 * cols * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
-    fixed += 4 * chunks * (THREADS // 32)
+    fixed += 2 * 4 * chunks * (threads // 32)
     if backward:
         fixed += 4 * (max(p.gates_b, 1) + max(p.n_params, 1)) * units
     return fixed
 
 
 def capacity(
-    p: Problem,
-    units: int,
-    backward: bool,
-    smem: int = LIBRARY_SMEM,
-    gates: int = 1,
-    split: int = 1,
+    p: Problem, units: int, backward: bool, smem: int, gates: int, split: int, threads: int
 ) -> int:
-    """Entries a block holds in ``smem`` bytes beside the rest (``gates``: of dg staged at once;
-    ``split``: the operand in that many parts; a multiple of 4, so the operand after them is
-    16-byte aligned)."""
-    return max(0, (smem - _fixed_bytes(p, units, backward, gates, split)) // 16 * 4)
+    """Entries a block holds in ``smem`` bytes of shared memory beside the rest (a multiple of
+    4, so the operand after them is 16-byte aligned)."""
+    return max(0, (smem - _fixed_bytes(p, units, backward, gates, split, threads)) // 16 * 4)
 
 
 def strip_entries(p: Problem, units: int) -> int:
@@ -119,12 +131,76 @@ def strip_entries(p: Problem, units: int) -> int:
     return math.ceil(p.density * max(p.gates_r, 1) * units * p.head_dim)
 
 
-def exchange_buffer_words(p: Problem) -> int:
+def shared_entries(
+    p: Problem, units: int, backward: bool, gates: int, split: int, threads: int, reg_steps: int
+) -> int:
+    """The most entries a block keeps in shared memory: all of its strip's, or, with register
+    steps, each chunk's beyond what its warps hold in registers. A chunk's entries are at most
+    ``Problem.chunk_density`` of its positions (the mask's fullest piece: a chunk is one piece
+    or several), and each warp takes an even share of them."""
+    need = strip_entries(p, units)
+    if reg_steps == 0:
+        return need
+    chunks, warps = _chunks(p, backward, gates, split), threads // 32
+    positions = (gates if backward else max(p.gates_r, 1)) * units * p.head_dim // split
+    share = cdiv(math.ceil(p.chunk_density * positions), warps)
+    return min(need, chunks * warps * max(0, share - 32 * reg_steps))
+
+
+def _splits(p: Problem) -> tuple[int, ...]:
+    """The operand whole, or in halves (an even head dim)."""
+    return (1, 2) if p.head_dim % 2 == 0 else (1,)
+
+
+def side(p: Problem, units: int, backward: bool, smem: int, threads: int) -> Side | None:
+    """The first of these that holds the fullest strip at ``threads`` threads (None: none
+    does): the backward's dg staged whole, then a gate at a time; the operand whole, then in
+    halves (a stage and two barriers more a step); shared memory alone, then with the lanes'
+    registers (``REG_ENTRIES`` a thread, at ``REG_THREADS`` threads)."""
+    gr = max(p.gates_r, 1)
+    regs = REG_ENTRIES[rows(p)] if threads == REG_THREADS else 0
+    options = (
+        [(gr, 1)] + [(1, s) for s in _splits(p) if gr > 1 or s > 1]
+        if backward
+        else [(1, s) for s in _splits(p)]
+    )
+    for use_regs in (False, True) if regs else (False,):
+        for gates, split in options:
+            steps = regs // _chunks(p, backward, gates, split) if use_regs else 0
+            room = capacity(p, units, backward, smem, gates, split, threads)
+            if shared_entries(p, units, backward, gates, split, threads, steps) <= room:
+                fixed = _fixed_bytes(p, units, backward, gates, split, threads)
+                return Side(threads, gates, split, steps, room, 4 * room + fixed)
+    return None
+
+
+def layout(p: Problem, units: int, smem: int) -> tuple[Side, Side] | None:
+    """The forward's and the backward's sides at one thread count: ``THREADS`` where shared
+    memory holds both strips, else ``REG_THREADS`` with registers where a side needs them."""
+    cells = units * rows(p) // 2  # cell threads: (unit, pair of rows) and (row, pair of units)
+    for threads in (THREADS, REG_THREADS):
+        if cells > threads:
+            continue
+        fw, bw = side(p, units, False, smem, threads), side(p, units, True, smem, threads)
+        if fw is not None and bw is not None:
+            return fw, bw
+    return None
+
+
+def scratch_words(p: Problem, units: int) -> int:
+    """A block's scratch in the exchange buffer: its fullest strip's entries (32 bits each),
+    as the kernel's prologue finds them."""
+    return cdiv(strip_entries(p, units), 4) * 4
+
+
+def exchange_buffer_words(p: Problem, blocks: int, scratch: int) -> int:
     """The exchange: 16-bit values [2][heads][chunks][gates_r × head_dim][rows], then a 32-bit
-    counter per (head, chunk)."""
+    counter per (head, chunk), then from the next multiple of 4 words ``scratch`` words for each
+    of a launch's ``blocks`` blocks."""
     chunks = cdiv(p.batch, rows(p))
     values = 2 * p.heads * chunks * max(p.gates_r, 1) * p.head_dim * rows(p)
-    return values // 2 + p.heads * chunks
+    words = values // 2 + p.heads * chunks
+    return cdiv(words, 4) * 4 + blocks * scratch
 
 
 # -- constraints ---------------------------------------------------------------------------
@@ -138,34 +214,48 @@ def full_length_only(p: Problem, caps: HardwareCaps) -> bool:
     return not p.timeline
 
 
-def entries_fit_shared_memory(p: Problem, caps: HardwareCaps) -> bool:
-    return all(need <= room for need, room in _sides(p, caps))
+def _layout(p: Problem, caps: HardwareCaps) -> tuple[Side, Side] | None:
+    return layout(p, block_units(p.head_dim, caps.sm_count), smem_limit(caps))
 
 
-def _sides(p: Problem, caps: HardwareCaps) -> list[tuple[int, int]]:
-    """(entries, capacity) of the forward and the backward, each with the operand split as
-    the build would."""
-    units, limit = block_units(p.head_dim, caps.sm_count), smem_limit(caps)
-    need = strip_entries(p, units)
-    return [
-        (need, capacity(p, units, b, limit, split=operand_split(p, units, b, limit)))
-        for b in (False, True)
-    ]
+def entries_fit_on_chip(p: Problem, caps: HardwareCaps) -> bool:
+    return _layout(p, caps) is not None
 
 
 def cell_threads(p: Problem, caps: HardwareCaps) -> bool:
     return block_units(p.head_dim, caps.sm_count) * rows(p) // 2 <= THREADS
 
 
+def _room(p: Problem, units: int, backward: bool, s: Side) -> int:
+    """Entries a side holds: its shared memory's and its lanes' registers'."""
+    return s.entries + s.threads * s.reg_steps * _chunks(p, backward, s.gates, s.split)
+
+
 def _entries_usage(p: Problem, caps: HardwareCaps, point: Point) -> tuple[float, float]:
-    return max(_sides(p, caps), key=lambda side: side[0] / max(side[1], 1))  # the fuller one
+    """(entries, room) of the fuller side; where none fits, the room of the roomiest layout
+    (registers and the operand in its finest chunks)."""
+    units, limit = block_units(p.head_dim, caps.sm_count), smem_limit(caps)
+    need = strip_entries(p, units)
+    found = layout(p, units, limit)
+    sides = []
+    for backward in (False, True):
+        if found is not None:
+            room = _room(p, units, backward, found[backward])
+        else:
+            gates, split = 1, max(_splits(p))
+            chunks = _chunks(p, backward, gates, split)
+            regs = REG_ENTRIES[rows(p)] // chunks * chunks * REG_THREADS
+            room = capacity(p, units, backward, limit, gates, split, REG_THREADS) + regs
+        sides.append((need, room))
+    return max(sides, key=lambda side: side[0] / max(side[1], 1))
 
 
 class GridSparse(Variant):
     name = "grid_sparse"
     summary = (
         "CUDA-core grid tier for a sparse R: each block keeps the non-zeros of its units' rows "
-        "and columns of R in shared memory for the whole sequence"
+        "and columns of R on chip for the whole sequence (shared memory, and its lanes' "
+        "registers where that is not enough)"
     )
     dtypes = ("fp16", "bf16")
     host = "fused"
@@ -181,10 +271,12 @@ class GridSparse(Variant):
             full_length_only,
         ),
         Constraint(
-            "entries_fit_shared_memory",
+            "entries_fit_on_chip",
             "the non-zeros of a block's fullest strip of R (4 bytes each) fit its shared "
-            "memory beside h or a gate's rows of dg",
-            entries_fit_shared_memory,
+            "memory beside h or a gate's rows of dg, with its lanes' registers "
+            f"({REG_ENTRIES[4]} a thread at {REG_THREADS} threads, {REG_ENTRIES[8]} at 8 batch rows) "
+            "where shared memory alone does not",
+            entries_fit_on_chip,
             usage=_entries_usage,
         ),
         Constraint(
@@ -198,22 +290,36 @@ class GridSparse(Variant):
         p = problem
         units = block_units(p.head_dim, _sms(caps))
         smem = LIBRARY_SMEM if caps is None else smem_limit(caps)
-        gates = backward_gates(p, units, smem)
-        fs, bs = operand_split(p, units, False, smem), operand_split(p, units, True, smem)
-        fw, bw = capacity(p, units, False, smem, 1, fs), capacity(p, units, True, smem, gates, bs)
+        found = layout(p, units, smem)
+        if found is None:  # unplannable: the constraints say why; a build of the largest layout
+            found = (
+                Side(
+                    REG_THREADS,
+                    1,
+                    max(_splits(p)),
+                    REG_ENTRIES[rows(p)] // max(_splits(p)),
+                    0,
+                    smem,
+                ),
+                Side(REG_THREADS, 1, max(_splits(p)), 0, 0, smem),
+            )
+        fw, bw = found
         return {
             "variant": self.name,
             "D": p.head_dim,
             "units": units,
             "rows": rows(p),
-            "threads": THREADS,
-            "fw_entries": fw,
-            "bw_entries": bw,
-            "fw_smem": 4 * fw + _fixed_bytes(p, units, False, 1, fs),
-            "bw_smem": 4 * bw + _fixed_bytes(p, units, True, gates, bs),
-            "bw_gates": gates,
-            "fw_split": fs,
-            "bw_split": bs,
+            "threads": fw.threads,
+            "fw_entries": fw.entries,
+            "bw_entries": bw.entries,
+            "fw_smem": fw.smem,
+            "bw_smem": bw.smem,
+            "bw_gates": bw.gates,
+            "fw_split": fw.split,
+            "bw_split": bw.split,
+            "fw_reg_steps": fw.reg_steps,
+            "bw_reg_steps": bw.reg_steps,
+            "scratch": scratch_words(p, units),
             "exchange_words": max(p.gates_r, 1) * p.head_dim,
         }
 
@@ -233,10 +339,10 @@ class GridSparse(Variant):
         heads, chunks, launches = self._split(problem, caps)
         grid = (cdiv(problem.head_dim, b["units"]), heads, chunks)
         return Launch(
-            KernelLaunch(0, THREADS, b["fw_smem"], grid, launches),
-            KernelLaunch(0, THREADS, b["bw_smem"], grid, launches),
+            KernelLaunch(0, b["threads"], b["fw_smem"], grid, launches),
+            KernelLaunch(0, b["threads"], b["bw_smem"], grid, launches),
             b["exchange_words"],
-            exchange_buffer_words(problem),
+            exchange_buffer_words(problem, grid[0] * heads * chunks, b["scratch"]),
         )
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
@@ -245,7 +351,9 @@ class GridSparse(Variant):
         gr = max(p.gates_r, 1)
         entries_us = strip_entries(p, units) * ENTRY_US
         l2 = caps.l2_gbs_per_sm * 1e3  # bytes per µs into one SM after the wait
-        halves = operand_split(p, units, False, limit)
+        found = layout(p, units, limit)
+        fw, bw = found if found is not None else (None, None)
+        halves = fw.split if fw else max(_splits(p))
         terms: tuple[tuple[str, float], ...] = (
             ("step", FORWARD_STEP_US),
             ("gather", p.head_dim * nb * p.dtype_bytes / l2),
@@ -253,7 +361,7 @@ class GridSparse(Variant):
             ("entries", entries_us),
         )
         unit = sum(us for _, us in terms)
-        chunks = gr // backward_gates(p, units, limit) * operand_split(p, units, True, limit)
+        chunks = _chunks(p, True, bw.gates, bw.split) if bw else gr * max(_splits(p))
         per_chunk = BACKWARD_CHUNK_US + BACKWARD_CHUNK_US_PER_UNIT * p.head_dim
         backward = (
             BACKWARD_STEP_US
@@ -261,6 +369,11 @@ class GridSparse(Variant):
             + entries_us
             + (chunks - 1) * per_chunk
         )
+        if fw is not None and fw.reg_steps:
+            terms = tuple((name, us * REG_LAYOUT_FW) for name, us in terms)
+            unit *= REG_LAYOUT_FW
+        if bw is not None and bw.reg_steps:
+            backward *= REG_LAYOUT_BW
         launches = self._split(p, caps)[2]
         return Cost(terms, launches, unit * launches, backward * launches)
 
@@ -279,5 +392,8 @@ class GridSparse(Variant):
             ("int", "kBwGates", build["bw_gates"]),
             ("int", "kFwSplit", build["fw_split"]),
             ("int", "kBwSplit", build["bw_split"]),
+            ("int", "kFwRegSteps", build["fw_reg_steps"]),
+            ("int", "kBwRegSteps", build["bw_reg_steps"]),
+            ("int", "kScratch", build["scratch"]),
         ]
         return render_fused(cell, bwd, self.name, build, traits, fast=True)

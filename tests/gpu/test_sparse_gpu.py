@@ -6,7 +6,9 @@ Every example cell with an R at 1 x 2304, B = 4, a random 30 % mask (the planner
 sparse kernel there: grid_mma's blocks do not hold a dense R that wide); the GRU at B = 16
 (blocks of 8 batch rows, two chunks in two launches), the Elman cell at 2 x 1536 units, B = 3
 (a launch per head), the LSTM at 10 % (its backward stages all of dg at once) and at 32.5 %
-(h and dg staged in halves). The planner runs the GRU at B = 16 and the LSTM at 32.5 % on
+(h and dg staged in halves), and past what shared memory holds, with part of the entries in
+the lanes' registers: the LSTM at 45 %, the GRU at 60 % and B = 16, and the LSTM at 5280 units
+and 10 % (2.5 times the dense kernels' limit). The planner runs the GRU at B = 16 and the LSTM at 32.5 % on
 grid_stream (R * mask, faster there: tests/variants/test_sparse_variant.py), so these tests
 plan without it.
 """
@@ -18,8 +20,6 @@ import torch
 from gpu_reference import DTYPES, case_id, check_against_reference, load_examples
 
 import rnncc.variants
-from rnncc.runtime.sparsity import strip_density
-from rnncc.variants.grid_sparse import block_units
 
 pytestmark = pytest.mark.gpu
 
@@ -35,15 +35,38 @@ def without_grid_stream():
 
 
 WITH_R = ["elman", "gru", "janet", "lstm", "mgu", "peephole_lstm", "slstm"]
+LSTM = {"example": "lstm", "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5}
 CASES = [
     *[{"example": e, "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5} for e in WITH_R],
     {"example": "gru", "dtype": "fp16", "B": 16, "D": 2304, "NH": 1, "T": 4},
     {"example": "elman", "dtype": "fp16", "B": 3, "D": 1536, "NH": 2, "T": 6},
-    # 10 %: the backward stages all of dg at once (bw_gates = 4)
-    {"example": "lstm", "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5, "density": 0.1},
-    # 32.5 %: the entries fit only beside half of h (and of a gate's dg), staged in halves
-    {"example": "lstm", "dtype": "bf16", "B": 4, "D": 2304, "NH": 1, "T": 5, "density": 0.325},
+    {**LSTM, "density": 0.1},
+    {**LSTM, "density": 0.325},
+    {**LSTM, "density": 0.45},
+    {"example": "gru", "dtype": "fp16", "B": 16, "D": 2304, "NH": 1, "T": 4, "density": 0.6},
+    {**LSTM, "D": 5280, "T": 3, "density": 0.1},
 ]
+#: Each case's build (example, B, D, density), where it is not the default: 512 threads, whole
+#: operands, no register steps.
+DEFAULT_BUILD = {"threads": 512, "fw_split": 1, "bw_split": 1, "fw_reg_steps": 0, "bw_reg_steps": 0}
+BUILDS = {
+    # the backward stages all of dg at once
+    ("lstm", 4, 2304, 0.1): {"bw_gates": 4},
+    # the entries fit only beside half of h (and of a gate's dg), staged in halves
+    ("lstm", 4, 2304, 0.325): {"fw_split": 2, "bw_split": 2},
+    # past what shared memory holds: the lanes' registers hold part of the entries (the
+    # backward's chunks, and so its register steps, follow the mask's fullest piece)
+    ("lstm", 4, 2304, 0.45): {"threads": 256, "fw_reg_steps": 144},
+    ("gru", 16, 2304, 0.6): {"threads": 256, "fw_reg_steps": 128},
+    # 2.5 times the dense kernels' limit: h in halves, dg a gate and a half at a time
+    ("lstm", 4, 5280, 0.1): {
+        "threads": 256,
+        "fw_reg_steps": 72,
+        "bw_reg_steps": 18,
+        "fw_split": 2,
+        "bw_split": 2,
+    },
+}
 DENSITY = 0.3
 
 
@@ -58,18 +81,15 @@ def cells():
     loaded = load_examples()
     from concurrent.futures import ThreadPoolExecutor
 
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
-
     def prepare(c: dict) -> None:
         cell = loaded[c["example"]]
-        density = strip_density(random_mask(cell, c), block_units(c["D"], sms))
         cell.prepare(
             "cuda",
             head_dim=c["D"],
             dtype=DTYPES[c["dtype"]],
             batch=c["B"],
             heads=c["NH"],
-            density=density,
+            mask=random_mask(cell, c),
         )
 
     with ThreadPoolExecutor(max_workers=16) as pool:
@@ -84,8 +104,9 @@ def test_sparse_blocks_match_float64_reference(cells, case):
     plan = check_against_reference(cell, case, "fused", mask=mask)
     assert plan.variant == "grid_sparse"
     assert plan.problem.density < case.get("density", DENSITY) + 0.05
-    assert plan.build["bw_gates"] in (1, plan.problem.gates_r)
-    if case.get("density") == 0.1:
-        assert plan.build["bw_gates"] == 4
-    halves = 2 if case.get("density") == 0.325 else 1
-    assert (plan.build["fw_split"], plan.build["bw_split"]) == (halves, halves)
+    build = BUILDS.get((case["example"], case["B"], case["D"], case.get("density")), {})
+    want = {**DEFAULT_BUILD, **build}
+    if want["threads"] == 256 and "bw_reg_steps" not in build:
+        del want["bw_reg_steps"]
+        assert plan.build["bw_reg_steps"] > 0
+    assert {k: plan.build[k] for k in want} == want

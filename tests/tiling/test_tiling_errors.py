@@ -35,7 +35,7 @@ def test_8192_runs_on_no_fused_variant(problem: Callable[..., Problem], h100: Ha
         # 256 warps, 4 × 128 × 2 fragment registers, 4 steps × 8 rows of W x at 16 KiB: every
         # limit of one block, on the problem alone, so all of them.
         # A sparse R only (a mask), and even then 8192 units' strips pass shared memory.
-        "grid_sparse": ["sparse_r", "entries_fit_shared_memory"],
+        "grid_sparse": ["sparse_r", "entries_fit_on_chip"],
         "block_mma": [
             "block_warps",
             "r_fragments_fit_registers",

@@ -456,10 +456,13 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         p10 = dataclasses.replace(problem(slstm.ir, 2304, SPARSE), density=0.1)
         assert SPARSE.build(p10, caps)["bw_gates"] == 4
         sources += [SPARSE.render(slstm.ir, slstm.backward_ir, SPARSE.build(p10, caps))]
-        # h and dg staged in halves (33 %)
-        p33 = dataclasses.replace(p4, density=0.33)
-        assert SPARSE.build(p33, caps)["fw_split"] == 2
-        sources += [SPARSE.render(lstm.ir, lstm.backward_ir, SPARSE.build(p33, caps))]
+        # h and dg staged in halves, with the lanes' registers holding part of the entries
+        # (5280 units, 10 %: the widest register kernels)
+        p5280 = dataclasses.replace(problem(lstm.ir, 5280, SPARSE), batch=4, density=0.1)
+        regs = SPARSE.build(p5280, caps)
+        assert (regs["fw_split"], regs["bw_split"], regs["threads"]) == (2, 2, 256)
+        assert regs["fw_reg_steps"] > 0 and regs["bw_reg_steps"] > 0
+        sources += [SPARSE.render(lstm.ir, lstm.backward_ir, regs)]
     return sources
 
 

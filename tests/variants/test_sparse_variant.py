@@ -15,6 +15,7 @@ import rnncc
 from rnncc.runtime.sparsity import (
     StripDensities,
     magnitude_mask,
+    piece_density,
     strip_density,
     validate_mask,
 )
@@ -22,6 +23,7 @@ from rnncc.tiling import Problem, caps_for_arch
 from rnncc.tiling.solve import diagnose, solve
 from rnncc.variants import BY_NAME
 from rnncc.variants import grid_sparse as gs
+from rnncc.variants.grid_mma import smem_limit
 
 H100 = caps_for_arch("h100")
 SPARSE = BY_NAME["grid_sparse"]
@@ -36,14 +38,25 @@ def ruled_out(p: Problem) -> list[str]:
     return [c.name for c in SPARSE.constraints if not c.holds(p, H100, {})]
 
 
+def threads(p: Problem) -> int | None:
+    """The threads of the layout that holds ``p``'s entries (None: none does)."""
+    found = gs.layout(p, gs.block_units(p.head_dim, H100.sm_count), smem_limit(H100))
+    return None if found is None else found[0].threads
+
+
 def test_planned_for_masks_that_fit_and_only_those():
     assert ruled_out(lstm(256, density=1.0)) == ["sparse_r"]
     assert ruled_out(lstm(2304, timeline=True)) == ["full_length_only"]
     assert solve(lstm(2304), H100).variant == "grid_sparse"
-    # At 30 % a block of 18 units holds 4 x 18 x 2304 x 0.3 entries in 227 KiB: up to 2368.
-    assert not ruled_out(lstm(2368)) and ruled_out(lstm(2432)) == ["entries_fit_shared_memory"]
-    assert not ruled_out(lstm(4128, density=0.1)) and ruled_out(lstm(4160, density=0.1))
-    assert diagnose(SPARSE, lstm(4096, density=0.5), H100) == ["entries_fit_shared_memory"]
+    # At 30 % a block of 18 units holds 4 x 18 x 2304 x 0.3 entries in 227 KiB of shared memory,
+    # up to 2368 units; past that its lanes' registers hold part of them, up to 3166.
+    assert threads(lstm(2368)) == gs.THREADS and threads(lstm(2432)) == gs.REG_THREADS
+    assert not ruled_out(lstm(3166)) and ruled_out(lstm(3200)) == ["entries_fit_on_chip"]
+    # At 10 %: 4128 in shared memory; 5280 (2.5 times the dense kernels' 2112) with registers.
+    assert threads(lstm(4128, density=0.1)) == gs.THREADS
+    assert threads(lstm(5280, density=0.1)) == gs.REG_THREADS
+    assert ruled_out(lstm(5344, density=0.1)) == ["entries_fit_on_chip"]
+    assert diagnose(SPARSE, lstm(4096, density=0.5), H100) == ["entries_fit_on_chip"]
 
 
 def test_the_operand_is_staged_in_halves_only_where_the_entries_need_the_room():
@@ -51,11 +64,44 @@ def test_the_operand_is_staged_in_halves_only_where_the_entries_need_the_room():
         build = SPARSE.build(lstm(2304, density=density), H100)
         assert (build["fw_split"], build["bw_split"]) == (split, split)
         assert build["fw_entries"] >= gs.strip_entries(lstm(2304, density=density), 18)
-    assert ruled_out(lstm(2304, density=0.34)) == ["entries_fit_shared_memory"]
+    # past halves, registers (the operands whole again); past registers, nothing
+    build = SPARSE.build(lstm(2304, density=0.34), H100)
+    assert (build["threads"], build["fw_split"], build["fw_reg_steps"]) == (gs.REG_THREADS, 1, 144)
+    assert ruled_out(lstm(2304, density=0.56)) == ["entries_fit_on_chip"]
     # all of dg staged at once: no halves
     assert SPARSE.build(lstm(2304, density=0.1), H100)["bw_split"] == 1
     # an odd head dim has no halves
     assert SPARSE.build(lstm(2305, density=0.33), H100)["fw_split"] == 1
+
+
+def test_register_steps_hold_what_shared_memory_cannot_of_the_fullest_piece():
+    # LSTM 5280, 10 %: h in halves (2 chunks) and dg a gate and a half at a time (8 chunks),
+    # REG_ENTRIES registers a thread shared evenly by the chunks
+    p = lstm(5280, density=0.1)
+    build = SPARSE.build(p, H100)
+    assert (build["units"], build["threads"]) == (40, gs.REG_THREADS)
+    assert (build["fw_split"], build["bw_split"], build["bw_gates"]) == (2, 2, 1)
+    assert (build["fw_reg_steps"], build["bw_reg_steps"]) == (144 // 2, 144 // 8)
+    for backward, key in ((False, "fw_entries"), (True, "bw_entries")):
+        gates, split = (1, 2)
+        need = gs.shared_entries(
+            p,
+            40,
+            backward,
+            gates,
+            split,
+            gs.REG_THREADS,
+            build[key.replace("entries", "reg_steps")],
+        )
+        assert need <= build[key] < gs.strip_entries(p, 40)
+    # the pieces decide: a mask whose fullest piece is fuller than its fullest strip needs more
+    uneven = dataclasses.replace(p, piece_density=0.12)
+    assert gs.shared_entries(uneven, 40, True, 1, 2, gs.REG_THREADS, 18) > gs.shared_entries(
+        p, 40, True, 1, 2, gs.REG_THREADS, 18
+    )
+    assert ruled_out(uneven) == ["entries_fit_on_chip"]
+    # 8 batch rows: fewer registers a thread
+    assert SPARSE.build(lstm(2304, B=16, density=0.45), H100)["fw_reg_steps"] == gs.REG_ENTRIES[8]
 
 
 def test_the_plan_follows_the_measured_h100_pairs():
@@ -86,7 +132,10 @@ def test_the_plan_sizes_entries_shared_memory_and_the_exchange():
     launch = SPARSE.launch(p, H100, {})
     assert launch.forward.grid == (128, 1, 1) and launch.forward.launches == 1
     assert launch.exchange_words == 4 * 2304
-    assert launch.exchange_buffer_words == 2 * 4 * 2304 * 4 // 2 + 1
+    # values and a counter, to a multiple of 4 words, then each block's scratch: its strip's entries
+    scratch = -(-gs.strip_entries(p, 18) // 4) * 4
+    assert build["scratch"] == scratch
+    assert launch.exchange_buffer_words == (2 * 4 * 2304 * 4 // 2 + 1 + 3) // 4 * 4 + 128 * scratch
     # Two chunks of 8 rows do not fit 132 SMs at once: one launch each.
     two = SPARSE.launch(dataclasses.replace(p, batch=16), H100, {})
     assert two.forward.grid == (128, 1, 1) and two.forward.launches == 2
@@ -104,13 +153,39 @@ def test_strip_density_is_the_fullest_block_rows_or_columns():
     assert strip_density(mask, units) == want / (3 * units * 10)
 
 
+def test_piece_density_is_the_fullest_half_strip_or_gate_half():
+    g = torch.Generator().manual_seed(1)
+    mask = torch.rand(3, 2, 10, 10, generator=g) < 0.4
+    units, h = 4, 5
+    want = 0.0
+    for n, u0, half in itertools.product(range(2), range(0, 10, units), range(2)):
+        cols = slice(half * h, half * h + h)
+        fw = mask[:, n, u0 : u0 + units, cols].sum().item() / (3 * units * h)  # rows, a column half
+        for k in range(3):  # columns, a gate's row half
+            bw = mask[k, n, cols, u0 : u0 + units].sum().item() / (units * h)
+            want = max(want, fw, bw)
+    assert piece_density(mask, units) == pytest.approx(want)
+    assert piece_density(mask, units) >= strip_density(mask, units)
+    # an odd D has no halves: a gate's rows whole
+    odd = mask[:, :, :9, :9]
+    want_odd = max(
+        odd[k, n, :, u0 : u0 + units].sum().item() / (units * 9)
+        for k in range(3)
+        for n in range(2)
+        for u0 in range(0, 9, units)
+    )
+    assert piece_density(odd, units) == pytest.approx(max(want_odd, strip_density(odd, units)))
+
+
 def test_strip_densities_are_kept_until_the_mask_changes():
     kept = StripDensities()
     mask = torch.zeros(1, 1, 8, 8, dtype=torch.bool)
-    assert kept(mask, 2) == 0.0
-    mask[0, 0, 0] = True  # in place: its version moves
-    assert kept(mask, 2) == 8 / 16
-    assert kept(mask.clone(), 2) == 8 / 16
+    assert kept(mask, 2) == (0.0, 0.0)
+    mask[0, 0, 0] = True  # in place: its version moves; its row is one half strip's half
+    assert kept(mask, 2) == (8 / 16, 4 / 8)
+    assert kept(mask.clone(), 2) == (8 / 16, 4 / 8)
+    mask[0, 0, :, 0] = True  # and column 0: strips of 9 of 16; rows 0-3 of columns 0-1 hold 5 of 8
+    assert kept(mask, 2) == (9 / 16, 5 / 8)
 
 
 def test_magnitude_mask_keeps_the_largest_of_each_gate_and_head():
