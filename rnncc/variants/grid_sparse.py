@@ -174,6 +174,16 @@ def side(p: Problem, units: int, backward: bool, smem: int, threads: int) -> Sid
     return None
 
 
+def _smem_side(p: Problem, units: int, backward: bool, smem: int) -> Side:
+    """Shared memory alone at ``THREADS`` threads, the operand in its finest chunks, whether or
+    not it holds the strip (the build of an unplannable problem)."""
+    split = max(_splits(p))
+    n = capacity(p, units, backward, smem, 1, split, THREADS)
+    return Side(
+        THREADS, 1, split, 0, n, 4 * n + _fixed_bytes(p, units, backward, 1, split, THREADS)
+    )
+
+
 def layout(p: Problem, units: int, smem: int) -> tuple[Side, Side] | None:
     """The forward's and the backward's sides at one thread count: ``THREADS`` where shared
     memory holds both strips, else ``REG_THREADS`` with registers where a side needs them."""
@@ -291,19 +301,10 @@ class GridSparse(Variant):
         units = block_units(p.head_dim, _sms(caps))
         smem = LIBRARY_SMEM if caps is None else smem_limit(caps)
         found = layout(p, units, smem)
-        if found is None:  # unplannable: the constraints say why; a build of the largest layout
-            found = (
-                Side(
-                    REG_THREADS,
-                    1,
-                    max(_splits(p)),
-                    REG_ENTRIES[rows(p)] // max(_splits(p)),
-                    0,
-                    smem,
-                ),
-                Side(REG_THREADS, 1, max(_splits(p)), 0, 0, smem),
-            )
-        fw, bw = found
+        if found is not None:
+            fw, bw = found
+        else:  # unplannable (the constraints say why): shared memory alone, in halves
+            fw, bw = (_smem_side(p, units, backward, smem) for backward in (False, True))
         return {
             "variant": self.name,
             "D": p.head_dim,
