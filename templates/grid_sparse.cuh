@@ -316,7 +316,7 @@ struct Kernels : MmaCommon<C> {
   typedef typename std::conditional<kNB == 4, uint2, uint4>::type Vec;
 
   // The operand's kNB values of entry w's column (`op`: the operand's shared-memory address),
-  // as one volatile load: ptxas neither hoists these loads nor keeps their addresses ahead of
+  // as one volatile asm: the compiler neither hoists these loads nor keeps their addresses ahead of
   // them, which with a thread's entries in registers would spill.
   static __device__ __forceinline__ Vec load_column(const uint32_t op, const uint32_t w) {
     Vec h;
