@@ -111,26 +111,22 @@ def main() -> None:
 
 
 def _time(cell: Any, run: Any, launch: Any, heads: int, d: int, B: int, T: int, timer: Any) -> Any:
-    """(fw ms, fwbw ms) medians at ``T``, and the outputs and gradients of one call."""
+    """(fw ms, fwbw ms) medians at ``T``, and the outputs and gradients of one call, on
+    ``variant_costs.workload``'s inputs (bf16)."""
     import torch
+    from variant_costs import workload
 
-    s = cell.shapes(B, T, heads, d)
-    g = torch.Generator(device="cuda").manual_seed(0)
+    from rnncc.bench import Case
 
-    def randn(shape: tuple[int, ...], scale: float) -> Any:
-        t = torch.randn(shape, generator=g, device="cuda", dtype=torch.bfloat16)
-        return t.mul_(scale).requires_grad_()
-
-    Wx, R, b = randn(s["Wx"], 1.0), randn(s["R"], d**-0.5), randn(s["b"], 0.1)
-    states = cell.initial_states(B, heads, d, dtype=torch.bfloat16, device="cuda")
-    params = cell.initial_params(heads, d, dtype=torch.bfloat16, device="cuda")
+    w = workload(cell, run, launch, Case("", B, T, heads, d, "bf16"), "cuda")
+    x = w.make_inputs(0)
 
     def fw() -> None:
         with torch.no_grad():
-            run(Wx, R, b, states, params, launch)
+            w.forward(x)
 
     def fwbw() -> None:
-        run(Wx, R, b, states, params, launch)[0].float().sum().backward()
+        w.forward(x).float().sum().backward()
 
     for _ in range(3):
         fw()
@@ -139,9 +135,12 @@ def _time(cell: Any, run: Any, launch: Any, heads: int, d: int, B: int, T: int, 
         statistics.median(timer(fw) for _ in range(9)),
         statistics.median(timer(fwbw) for _ in range(9)),
     )
-    Wx.grad = R.grad = b.grad = None
-    y = run(Wx, R, b, states, params, launch)[0]
+    for t in x:
+        if t is not None:
+            t.grad = None
+    y = w.forward(x)
     y.float().sum().backward()
+    Wx, R, _ = x
     return times, (y.float(), Wx.grad.float(), R.grad.float())
 
 

@@ -180,9 +180,10 @@ def build_libraries(entries: list[Entry], arch: str) -> dict[tuple[str, str], Ba
     return failed
 
 
-def workload(cell: Any, ops: Any, plan: Any, case: Case, device: Any) -> Workload:
-    """The variant's ops on random ``Wx``, ``R`` (scaled by 1/√D) and ``b`` (0.1), with the
-    declared initial states and params: what ``rnncc bench`` gives the raw cell."""
+def workload(cell: Any, ops: Any, launch: Any, case: Case, device: Any) -> Workload:
+    """The library's ops at ``launch`` (a plan's, or a pairing of two plans' kernels) on random
+    ``Wx``, ``R`` (scaled by 1/√D) and ``b`` (0.1), with the declared initial states and params:
+    what ``rnncc bench`` gives the raw cell (also benchmarks/backward_points.py's inputs)."""
     import torch
 
     dtype = getattr(torch, DTYPES[case.dtype])
@@ -203,7 +204,7 @@ def workload(cell: Any, ops: Any, plan: Any, case: Case, device: Any) -> Workloa
 
     def forward(x: tuple[Any, ...]) -> Any:
         Wx, R, b = x
-        return ops(Wx, R, b, states, params, plan.launch)[0]
+        return ops(Wx, R, b, states, params, launch)[0]
 
     itemsize = torch.finfo(dtype).bits // 8
     set_bytes = sum(math.prod(s[k]) * itemsize for k in ("Wx", "R", "b") if s[k] is not None)
@@ -230,7 +231,7 @@ def measure_variant(
         case = Case(entry.case.cell, entry.case.B, T, entry.case.NH, entry.case.D, entry.case.dtype)
         got[T] = bench.time_workload(
             system,
-            lambda case=case: workload(entry.cell, ops_for(entry, plan), plan, case, device),
+            lambda case=case: workload(entry.cell, ops_for(entry, plan), plan.launch, case, device),
             case,
             device=device,
             fwbw=True,
