@@ -58,7 +58,7 @@ BACKWARD_CHUNK_US_PER_UNIT = 0.3e-3
 #: A layout with entries in registers (8 warps a block: less latency hidden, and unrolled code
 #: for the register steps) against the shared-memory model above, forward and backward: fits to
 #: the LSTM at 2304 units, 45 %, and at 5280 units, 10 % (H100, B = 4, T = 1024: forward 1.65 and
-#: 1.74, backward 2.06 and 1.68 times the model's step; benchmarks/results/sparse-registers-h100-2026-11-27.txt).
+#: 1.74, backward 2.06 and 1.68 times the model's step; benchmarks/results/sparse-ab-h100-2026-11-27.txt).
 REG_LAYOUT_FW = 1.7
 REG_LAYOUT_BW = 1.85
 
