@@ -61,30 +61,36 @@ def _strips(mask: torch.Tensor, units: int) -> tuple[torch.Tensor, torch.Tensor]
     return rows, cols
 
 
+def _fullest(rows: torch.Tensor, cols: torch.Tensor, units: int) -> tuple[float, float]:
+    """(strip density, piece density) of ``_strips``'s views (see the two functions below),
+    each kept count divided in Python (float64) by its size."""
+    G, NH, blocks, _, D = rows.shape
+    strip = max(rows.sum((0, 3, 4)).max().item(), cols.sum((0, 2, 4)).max().item()) / (
+        G * units * D
+    )
+    if D % 2:  # no halves: the backward's pieces are a gate's rows whole
+        return strip, max(strip, cols.sum((2, 4)).max().item() / (units * D))
+    h = D // 2
+    fw = rows.view(G, NH, blocks, units, 2, h).sum((0, 3, 5)).max().item() / (G * units * h)
+    bw = cols.view(G, NH, 2, h, blocks, units).sum((3, 5)).max().item() / (units * h)
+    return strip, max(fw, bw)
+
+
 def strip_density(mask: torch.Tensor, units: int) -> float:
     """The kept fraction of ``mask``'s fullest strip: blocks of ``units`` units (the last one
     padded), each owning R's rows of its units over every gate (forward) and R's columns of its
     units over every gate row (backward), both ``Gr × units × D`` entries."""
-    G, _, D, _ = mask.shape
-    rows, cols = _strips(mask, units)
-    fullest = torch.maximum(rows.sum((0, 3, 4)).max(), cols.sum((0, 2, 4)).max())
-    return float(fullest.item()) / (G * units * D)
+    return _fullest(*_strips(mask, units), units)[0]
 
 
 def piece_density(mask: torch.Tensor, units: int) -> float:
     """The kept fraction of ``mask``'s fullest piece: the parts of a strip (as ``strip_density``)
     that the sparse kernels stage the operand in, at their finest: a forward strip's columns in
-    halves, a backward strip's rows a gate and a half at a time (halves only for an even ``D``).
-    The kernels that keep part of the entries in registers hold a share of each such part
-    there, so they must know how full the fullest one is."""
-    G, NH, D, _ = mask.shape
-    rows, cols = _strips(mask, units)
-    if D % 2:
-        return max(strip_density(mask, units), float(cols.sum((2, 4)).max().item()) / (units * D))
-    h, blocks = D // 2, rows.shape[2]
-    fw = rows.view(G, NH, blocks, units, 2, h).sum((0, 3, 5)).max() / (G * units * h)
-    bw = cols.view(G, NH, 2, h, blocks, units).sum((3, 5)).max() / (units * h)
-    return float(torch.maximum(fw, bw).item())
+    halves, a backward strip's rows a gate and a half at a time (halves only for an even ``D``;
+    for an odd one, a gate's rows whole, or the strip where that is fuller). The kernels that
+    keep part of the entries in registers hold a share of each such part there, so they must
+    know how full the fullest one is."""
+    return _fullest(*_strips(mask, units), units)[1]
 
 
 class StripDensities:
@@ -103,8 +109,8 @@ class StripDensities:
         version = mask._version
         if found is not None and found[0]() is mask and found[1:3] == (version, units):
             return found[3]
-        strip = strip_density(mask, units)
-        densities = (strip, max(strip, piece_density(mask, units)))
+        strip, piece = _fullest(*_strips(mask, units), units)
+        densities = (strip, max(strip, piece))  # equal fractions may round apart
         if len(self._kept) >= self.KEPT:
             self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
         self._kept[id(mask)] = (weakref.ref(mask), version, units, densities)
