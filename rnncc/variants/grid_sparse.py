@@ -147,6 +147,22 @@ def shared_entries(
     return min(need, chunks * warps * max(0, share - 32 * reg_steps))
 
 
+def _side(
+    p: Problem,
+    units: int,
+    backward: bool,
+    smem: int,
+    threads: int,
+    gates: int,
+    split: int,
+    steps: int,
+) -> Side:
+    """The side with these chunks and register steps, its shared memory filled with entries."""
+    room = capacity(p, units, backward, smem, gates, split, threads)
+    fixed = _fixed_bytes(p, units, backward, gates, split, threads)
+    return Side(threads, gates, split, steps, room, 4 * room + fixed)
+
+
 def _splits(p: Problem) -> tuple[int, ...]:
     """The operand whole, or in halves (an even head dim)."""
     return (1, 2) if p.head_dim % 2 == 0 else (1,)
@@ -167,21 +183,16 @@ def side(p: Problem, units: int, backward: bool, smem: int, threads: int) -> Sid
     for use_regs in (False, True) if regs else (False,):
         for gates, split in options:
             steps = regs // _chunks(p, backward, gates, split) if use_regs else 0
-            room = capacity(p, units, backward, smem, gates, split, threads)
-            if shared_entries(p, units, backward, gates, split, threads, steps) <= room:
-                fixed = _fixed_bytes(p, units, backward, gates, split, threads)
-                return Side(threads, gates, split, steps, room, 4 * room + fixed)
+            found = _side(p, units, backward, smem, threads, gates, split, steps)
+            if shared_entries(p, units, backward, gates, split, threads, steps) <= found.entries:
+                return found
     return None
 
 
 def _smem_side(p: Problem, units: int, backward: bool, smem: int) -> Side:
     """Shared memory alone at ``THREADS`` threads, the operand in its finest chunks, whether or
     not it holds the strip (the build of an unplannable problem)."""
-    split = max(_splits(p))
-    n = capacity(p, units, backward, smem, 1, split, THREADS)
-    return Side(
-        THREADS, 1, split, 0, n, 4 * n + _fixed_bytes(p, units, backward, 1, split, THREADS)
-    )
+    return _side(p, units, backward, smem, THREADS, 1, max(_splits(p)), 0)
 
 
 def layout(p: Problem, units: int, smem: int) -> tuple[Side, Side] | None:
@@ -252,10 +263,10 @@ def _entries_usage(p: Problem, caps: HardwareCaps, point: Point) -> tuple[float,
         if found is not None:
             room = _room(p, units, backward, found[backward])
         else:
-            gates, split = 1, max(_splits(p))
-            chunks = _chunks(p, backward, gates, split)
-            regs = REG_ENTRIES[rows(p)] // chunks * chunks * REG_THREADS
-            room = capacity(p, units, backward, limit, gates, split, REG_THREADS) + regs
+            split = max(_splits(p))
+            steps = REG_ENTRIES[rows(p)] // _chunks(p, backward, 1, split)
+            roomiest = _side(p, units, backward, limit, REG_THREADS, 1, split, steps)
+            room = _room(p, units, backward, roomiest)
         sides.append((need, room))
     return max(sides, key=lambda side: side[0] / max(side[1], 1))
 
