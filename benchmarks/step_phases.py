@@ -1,19 +1,21 @@
-"""Where a grid_mma step's time goes: the clock cycles of each phase of a step, per kernel.
+"""Where a grid step's time goes: the clock cycles of each phase of a step, per kernel.
 
 Each point runs one forward and backward of a one-layer ``rnncc.RNN`` (T = 1024, bf16) in a
-child process whose grid_mma library is built with ``-DRNNCC_STEP_TRACE``
-(``templates/grid_mma.cuh``: thread 0 of each block clocks the phases of steps 100-899, and
-three blocks of the first head and chunk print the means). The parent averages the printed
-blocks and prints cycles per phase. The marks cost a few cycles each and may move ptxas's
-schedule a little: compare phases with each other, and totals only with traced totals.
+child process whose library is built with ``-DRNNCC_STEP_TRACE`` (``templates/step_trace.cuh``:
+thread 0 of each block of grid_mma, grid_stream or grid_sparse clocks the phases of steps
+100-899, and three blocks of the first head and chunk print the means). The parent averages
+the printed blocks and prints cycles per phase. The marks cost a few cycles each and may move
+ptxas's schedule a little: compare phases with each other, and totals only with traced totals.
 
     python benchmarks/step_phases.py --points lstm:768:16 lstm:768:16:bi lstm:6x128:16:1,1,2 \\
-        [--out FILE.txt]
+        lstm:2304:4:s0.3 [--out FILE.txt]
 
-A point is ``cell:size:batch[:bi][:nt,uw,bps]``: a cell of ``examples/``, its size as the head
-dim (one head) or ``heads x head dim`` (``6x128``), ``bi`` for a bidirectional layer (its two
-directions as two heads of one launch, with the kernels of per-row lengths), and a grid_mma
-point (n_tiles, unit_tiles, blocks_per_sm) to run instead of the planner's choice.
+A point is ``cell:size:batch[:bi][:nt,uw,bps][:sDENSITY]``: a cell of ``examples/``, its size
+as the head dim (one head) or ``heads x head dim`` (``6x128``), ``bi`` for a bidirectional layer
+(its two directions as two heads of one launch, with the kernels of per-row lengths), a
+grid_mma point (n_tiles, unit_tiles, blocks_per_sm) to run instead of the planner's choice,
+and ``s0.3`` for R pruned by magnitude to that density (``rnncc.RNN(sparsity=...)``: the
+grid_sparse kernels where the planner picks them).
 """
 
 from __future__ import annotations
@@ -26,8 +28,8 @@ from collections import defaultdict
 from pathlib import Path
 
 T = 1024
-#: The phases between the template's marks, in step order.
-PHASES = {
+#: The phases between each template's marks, in step order, by variant and direction.
+GRID_PHASES = {
     "fw": (
         "wait for the counter",
         "product, first n tile (h's loads included)",
@@ -48,6 +50,26 @@ PHASES = {
         "sums of the warps' parts",
     ),
 }
+SPARSE_PHASES = {
+    "fw": (
+        "wait for the counter",
+        "h staged into shared memory",
+        "product, slots' sums",
+        "cell, h published",
+        "count (release)",
+        "outputs, history, next W x",
+    ),
+    "bw": (
+        "cell, dg published",
+        "count (release)",
+        "dWx, dGr, next inputs' loads issued",
+        "wait for the counter",
+        "dg staged into shared memory",
+        "product, slots' sums",
+        "sums into the states' cotangents",
+    ),
+}
+PHASES = {"grid_mma": GRID_PHASES, "grid_stream": GRID_PHASES, "grid_sparse": SPARSE_PHASES}
 LINE = re.compile(r"rnncc-step-trace (fw|bw) (\d+) (\d+) (\d+) (\d+) (\d+): ([\d ]+)")
 
 
@@ -56,8 +78,13 @@ def child(point: str) -> None:
 
     import rnncc
     import rnncc.runtime.build as build
+    import rnncc.variants.grid_mma as grid_mma
+    import rnncc.variants.grid_sparse as grid_sparse
 
     build.NVCC_FLAGS = (*build.NVCC_FLAGS, "-DRNNCC_STEP_TRACE")  # a library of its own
+    # The trace's sums take 80 bytes of static shared memory: plans leave them room (a
+    # grid_sparse plan may fill a block's shared memory to within a few bytes).
+    grid_mma.LIBRARY_SMEM = grid_sparse.LIBRARY_SMEM = grid_mma.LIBRARY_SMEM - 128
     name, size, batch, *rest = point.split(":")
     heads, head_dim = (int(v) for v in size.split("x")) if "x" in size else (1, int(size))
     if forced := [r for r in rest if "," in r]:  # plan only this grid_mma point
@@ -77,6 +104,7 @@ def child(point: str) -> None:
         backend="fused",
         device="cuda",
         dtype=torch.bfloat16,
+        sparsity=next((float(r[1:]) for r in rest if r.startswith("s")), None),
     )
     x = torch.randn(int(batch), T, heads * head_dim, device="cuda", dtype=torch.bfloat16)
     x.requires_grad_(True)
@@ -128,9 +156,14 @@ def main() -> None:
         plan, means = measure(point)
         lines.append(f"\n## {point}: {plan}")
         for (kind, nt, uw), cycles in means.items():
-            names = PHASES[kind]
+            names = PHASES[plan.split()[0]][kind]
             total = sum(cycles[: len(names)])
-            lines.append(f"{kind} kernel, n_tiles {nt}, unit_tiles {uw}: {total:.0f} cycles a step")
+            shape = (
+                f"{nt} units, {uw} threads"
+                if plan.startswith("grid_sparse")
+                else f"n_tiles {nt}, unit_tiles {uw}"
+            )
+            lines.append(f"{kind} kernel, {shape}: {total:.0f} cycles a step")
             for phase, c in zip(names, cycles):
                 lines.append(f"  {c:7.0f}  {100 * c / total:4.1f} %  {phase}")
     text = "\n".join(lines)

@@ -34,6 +34,7 @@
 
 #include "cooperative.cuh"
 #include "mma_common.cuh"
+#include "step_trace.cuh"
 
 namespace rnncc {
 namespace grid_sparse {
@@ -583,14 +584,19 @@ struct Kernels : MmaCommon<C> {
     };
     if (a.T > 0) load_wx(0);
 
+    RNNCC_TRACE_INIT
     for (int t = 0; t < a.T; ++t) {
+      RNNCC_TRACE(0)
       rnncc::xchg_wait(ex.counter, (unsigned)(t + 1) * blocks);
+      RNNCC_TRACE(1)
 #pragma unroll  // a chunk's register entries by constant indices
       for (int k = 0; k < Sh::kChunks; ++k) {  // h whole, or in halves
         stage<true>(smem, ex.slot(t), k);
         __syncthreads();
+        RNNCC_TRACE(2)
         product<T, true>(smem, k, re);
         __syncthreads();
+        RNNCC_TRACE(3)
       }
       float acc[kPairs][4];  // C fragment order (ForwardIn): gate 2 p + i / 2, row q = i % 2
       if (cell) {
@@ -616,7 +622,9 @@ struct Kernels : MmaCommon<C> {
         }
       }
       __syncthreads();
+      RNNCC_TRACE(4)
       if (threadIdx.x == 0) rnncc::xchg_count(ex.counter);
+      RNNCC_TRACE(5)
       if (cell) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
@@ -639,7 +647,9 @@ struct Kernels : MmaCommon<C> {
         }
         load_wx(t + 1);
       }
+      RNNCC_TRACE(6)
     }
+    RNNCC_TRACE_PRINT("fw", kU, kThreads)
     if (cell) {
 #pragma unroll
       for (int q = 0; q < 2; ++q) {
@@ -704,7 +714,9 @@ struct Kernels : MmaCommon<C> {
       if (t >= 0 && cell) load_step_inputs(a, t, t, n, gb, d0, in);
     };
     load_inputs(a.T - 1);
+    RNNCC_TRACE_INIT
     for (int t = a.T - 1; t >= 0; --t) {
+      RNNCC_TRACE(0)
       float nd[kS][2];
       StepResults o;
       if (live) {
@@ -724,7 +736,9 @@ struct Kernels : MmaCommon<C> {
         totals.add(o.gb, o.p);
       }
       __syncthreads();
+      RNNCC_TRACE(1)
       if (threadIdx.x == 0) rnncc::xchg_count(ex.counter);
+      RNNCC_TRACE(2)
       if (live) {  // dWx and dGr after the count: read only after the kernel
         T* const dWx = static_cast<T*>(a.dWx) + (((long long)gb * a.T + t) * kGx) * NHD + (long long)n * kD;
         T* const dGr = static_cast<T*>(a.dGr) + (((long long)n * a.T + t) * a.B + gb) * kRows;
@@ -740,13 +754,17 @@ struct Kernels : MmaCommon<C> {
           for (int s = 0; s < kS; ++s) ds[s][q] = nd[s][q];
       }
       load_inputs(t - 1);
+      RNNCC_TRACE(3)
       rnncc::xchg_wait(ex.counter, (unsigned)(a.T - t) * blocks);
+      RNNCC_TRACE(4)
 #pragma unroll  // a chunk's register entries by constant indices
       for (int k = 0; k < Sh::kChunks; ++k) {  // dg whole, or a gate's rows at a time
         stage<false>(smem, ex.slot(t), k);
         __syncthreads();
+        RNNCC_TRACE(5)
         product<T, false>(smem, k, re);
         __syncthreads();
+        RNNCC_TRACE(6)
       }
       if (live) {
 #pragma unroll
@@ -756,7 +774,9 @@ struct Kernels : MmaCommon<C> {
           *sp = 0.0f;
         }
       }
+      RNNCC_TRACE(7)
     }
+    RNNCC_TRACE_PRINT("bw", kU, kThreads)
     if (live) {
 #pragma unroll
       for (int q = 0; q < 2; ++q)

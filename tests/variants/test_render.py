@@ -505,6 +505,20 @@ def test_nvcc_compiles_the_step_trace(tmp_path):
     assert sum(f > 0 for f in frames) == 8, report
 
 
+@pytest.mark.slow
+def test_nvcc_compiles_grid_sparse_with_the_step_trace(tmp_path):
+    """grid_sparse's phase marks build too: its 4 kernels (2 dtypes, forward and backward)
+    each take the printf's stack frame with -DRNNCC_STEP_TRACE, and none without it."""
+    lstm = example("lstm")
+    p = dataclasses.replace(problem(lstm.ir, 2304, SPARSE), batch=4, density=0.3)
+    src = SPARSE.render(lstm.ir, lstm.backward_ir, SPARSE.build(p, H100))
+    for extra, framed in (((), 0), (("-DRNNCC_STEP_TRACE",), 4)):
+        (tmp_path / str(framed)).mkdir()
+        report = _compile(_nvcc(), src, tmp_path / str(framed), extra=extra)
+        frames = [int(f) for f in re.findall(r"(\d+) bytes stack frame", report)]
+        assert sum(f > 0 for f in frames) == framed, report
+
+
 @pytest.mark.parametrize(("name", "D"), [("lstm", 2048), ("lstm", 4096), ("gru", 2304)])
 def test_split_and_streaming_blocks_place_every_k_tile_of_r_once(name, D):
     """A warp's k tiles of R are in registers, shared memory or global memory, each once; the
