@@ -151,11 +151,11 @@ struct Kernels : MmaCommon<C> {
   // columns takes 32 / kBanks wavefronts at best, each of kBanks lanes in a row.
   static constexpr int kBanks = 128 / (2 * kNB);
 
-  // Warp w's first entry of a chunk, from the chunk's start (`start`: its slots' starts, then
-  // its end; each warp takes an even share).
+  // Warp w's first entry of a chunk (`start`: the chunk's slots' starts, then its end; each
+  // warp takes an even share): its range is [warp_start(start, w), warp_start(start, w + 1)).
   template <bool Fw>
-  static __device__ __forceinline__ int warp_split(const int* start, const int w) {
-    return (int)((long long)(start[Shape<Fw>::kSlots] - start[0]) * w / kWarps);
+  static __device__ __forceinline__ int warp_start(const int* start, const int w) {
+    return start[0] + (int)((long long)(start[Shape<Fw>::kSlots] - start[0]) * w / kWarps);
   }
 
   // The non-zeros of the block's strips into its entries (see the file's comment). `at(s, j)`:
@@ -207,7 +207,7 @@ struct Kernels : MmaCommon<C> {
     __syncthreads();
     for (int i = threadIdx.x; i < Sh::kChunks * kWarps; i += kThreads) {
       const int c = i / kWarps, w = i % kWarps;
-      const int lo = start[c * Sh::kSlots] + warp_split<Fw>(start + c * Sh::kSlots, w);
+      const int lo = warp_start<Fw>(start + c * Sh::kSlots, w);
       int s = 0;
       while (s + 1 < Sh::kSlots && start[c * Sh::kSlots + s + 1] <= lo) ++s;
       first[i] = s;
@@ -266,8 +266,8 @@ struct Kernels : MmaCommon<C> {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     auto range = [&](const int c, const int w, int& lo, int& hi) {
       const int* const st = start + c * Sh::kSlots;
-      lo = st[0] + warp_split<Fw>(st, w);
-      hi = st[0] + warp_split<Fw>(st, w + 1);
+      lo = warp_start<Fw>(st, w);
+      hi = warp_start<Fw>(st, w + 1);
     };
     auto shared_part = [&](const int c, const int w) {
       int lo, hi;
@@ -468,8 +468,8 @@ struct Kernels : MmaCommon<C> {
     float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
     const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart) + c * Sh::kSlots;  // slot s: [start[s], start[s + 1])
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int lo = start[0] + warp_split<Fw>(start, warp);
-    const int hi = start[0] + warp_split<Fw>(start, warp + 1);
+    int lo = warp_start<Fw>(start, warp);
+    const int hi = warp_start<Fw>(start, warp + 1);
     int s = reinterpret_cast<const int*>(smem + Sh::kFirst)[c * kWarps + warp];
     if constexpr (Sh::kRegSteps > 0) {
       if (lo >= hi) return;  // uniform: no entries
