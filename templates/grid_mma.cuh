@@ -80,10 +80,7 @@ struct Kernels : MmaCommon<C> {
   // The forward joins a warp's loads of h (rnncc::join) from this many k tiles (4 loads a lane),
   // on wide, split and streaming blocks (UW >= 2): with fewer, ptxas issues them together
   // anyway, and the join only delays the first mma. Not on narrow blocks, where it made the
-  // forward slower (H100, bf16, T = 1024, A/B in one device call, fw ms with and without it):
-  // LSTM 1 x 1024 B 16 2.87-2.94 against 2.52, B 64 6.76-6.86 against 5.34-5.43; GRU 1 x 1024
-  // B 16 2.67-2.70 against 2.32-2.38; sLSTM 1 x 768 B 64 7.05 against 5.71, B 16 2.53
-  // against 2.21.
+  // forward slower (benchmarks/results/narrow-join-ab-h100-2026-11-27.txt).
   static constexpr int kJoinKT = 8;
   static constexpr int kUnitTiles = (kD + 7) / 8;  // tiles of 8 units per head
   static_assert(kXWords % 32 == 0 && kXWords >= kGTiles * 16, "the exchange holds a row's dg in whole k-tile pairs");
@@ -304,9 +301,8 @@ struct Kernels : MmaCommon<C> {
         if (b0 + 8 * kNTh * hf >= a.B) break;  // a part wholly past the batch (uniform in the block)
         if (kGr > 0) {
           // Each product warp loads its B fragments straight from the exchange rows (published in
-          // fragment order), kJ n tiles' loads in flight at once. In place of a copy of h into
-          // shared memory and a barrier, this took the 1 x 768 forward kernels 8-14 % less time
-          // (H200, B = 16 and 64).
+          // fragment order), kJ n tiles' loads in flight at once: no copy of h into shared
+          // memory and no barrier before the product.
           rnncc::xchg_wait(ex.counter + kNTh * hf, (unsigned)(t + 1) * ex.per_step(kNTh * hf, kNTh));
           RNNCC_TRACE(1)
           if (warp < kWarps) {
@@ -747,10 +743,8 @@ struct Kernels : MmaCommon<C> {
           if (warp < kWarps) {
             // A fragments straight from the exchange rows (dg published in fragment order, as h in
             // the forward): rows 16 m + g (a0, a2) and 16 m + 8 + g (a1, a3), kGroup k tiles'
-            // loads in flight at once. In place of a copy of dg into shared memory (H200, 1 x 768,
-            // T = 1024, backward kernel): B = 16 LSTM 6.03 -> 5.01 ms, GRU 5.61 -> 3.83, sLSTM
-            // 6.32 -> 5.26; but B = 64 LSTM 8.81 -> 10.01 (not understood: with 8 rows x 64 bytes
-            // per warp load rather than the blocked layout of xchg_at it was 11.6).
+            // loads in flight at once, in place of a copy of dg into shared memory (faster at
+            // B = 16, slower for the LSTM at B = 64, for a reason not found).
             const auto* const dgx = ex.slot(t);
 #pragma unroll 1  // as the forward's n tiles: unrolled, ptxas hoists later tiles' loads and spills
             for (int m0 = 0; m0 < kMT; m0 += kMJ) {  // m tiles m0 + j: batch rows [16 (m0 + j), + 16) of the chunk

@@ -389,9 +389,9 @@ struct Kernels : MmaCommon<C> {
   // part adds into the lanes' sums without a bound; one where a part ends (or the range) adds
   // each lane's entry into its own slot's sums, a slot at a time, flushing each finished part
   // (plainly where it is the whole slot, else atomically). The cursor: slot s, its part
-  // [plo, end) in the range. Blocks of 4 steps: at 5280 units and 10 % a slot's part is about
-  // 8 steps, so nearly every block of 8 held a part's end (the LSTM there, H100: 31.4 against
-  // 37.8 ms forward); blocks of 2 hid too little latency (36.7).
+  // [plo, end) in the range. Blocks of 4 steps: where a slot's part is about 8 steps (5280
+  // units, 10 %), nearly every block of 8 would hold a part's end; blocks of 2 hide too little
+  // latency (benchmarks/results/sparse-ab-h100-2026-11-27.txt).
   struct Cursor {
     int s, plo, end, hi;
     float acc[kNB];

@@ -349,7 +349,7 @@ __device__ __forceinline__ void xchg_count(unsigned* p) {
 
 // Thread 0 polls the counter until it reaches `target`, the other threads wait at the barrier.
 // (Spinning on the values themselves, every block on every word, floods the L2 slices that
-// hold them: a step took 21 us at 768 units.)
+// hold them.)
 __device__ __forceinline__ void xchg_wait(const unsigned* counter, unsigned target) {
   if (threadIdx.x == 0) {
     unsigned v;
