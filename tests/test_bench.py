@@ -401,3 +401,21 @@ def test_report_plots_when_matplotlib_is_installed(report, tmp_path):
     written = report.plot(json.loads(src.read_text()), tmp_path / "h100")
     assert [p.name for p in written] == ["h100-headdim.png"]  # the only sweep with data
     assert written[0].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_step_phases_names_each_phase_a_template_marks():
+    """``benchmarks/step_phases.py`` prints a name for each phase between a kernel's clock marks
+    (``RNNCC_TRACE(i)``, i = 0 .. n): as many names as the template has phases."""
+    import re
+
+    from rnncc.resources import templates_dir
+
+    phases = _script("step_phases")
+    for variant, names in phases.PHASES.items():
+        template = "grid_mma.cuh" if variant == "grid_stream" else f"{variant}.cuh"
+        text = (templates_dir() / template).read_text()
+        for kind in ("fw", "bw"):
+            end = text.index(f'RNNCC_TRACE_PRINT("{kind}"')
+            start = text.rindex("RNNCC_TRACE_INIT", 0, end)
+            marks = {int(i) for i in re.findall(r"RNNCC_TRACE\((\d+)\)", text[start:end])}
+            assert marks == set(range(len(names[kind]) + 1)), (variant, kind, sorted(marks))
