@@ -160,8 +160,8 @@ struct Kernels : MmaCommon<C> {
     int len[kTimeline ? 2 : 1];  // the lane's rows' lengths (kTimeline)
     // A lane's addresses, as pointers moved one step on per step rather than whole 64-bit
     // indices per access (the forward is short of instructions to hide latency with): y and
-    // R·h of the step, the saved states after it. A masked element points at element 0 of head n, which
-    // it may read but never writes.
+    // R·h of the step, the saved states after it. A masked element points at element 0 of
+    // head n, which it may read but never writes.
     const long long NBD = (long long)a.NH * a.B * kD;  // one state of the saved history
     T* yp[2];
     float* hp[2];

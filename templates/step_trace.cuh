@@ -4,7 +4,9 @@
 // (phase i ends at mark i, i = 1..8; mark 0 starts a step), and blocks 0, x / 2 and x - 1 of the
 // first head and chunk print the mean of each phase when the sequence ends:
 // "rnncc-step-trace fw|bw A B x y z: cycles of phases 1..8", A and B two numbers the kernel
-// names (grid_mma: its n tiles and unit tiles). The kernel's step counter must be named t.
+// names (grid_mma: its n tiles and unit tiles). A phase marked more than once a step (grid_mma's
+// two parts of n tiles, grid_sparse's chunks of the operand) adds up each part's time. The
+// kernel's step counter must be named t.
 #pragma once
 
 #ifdef RNNCC_STEP_TRACE
