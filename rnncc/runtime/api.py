@@ -353,8 +353,9 @@ class CompiledCell:
             )
         sizes = Sizes(B, 1, NH, D)
         dev = torch.device(device)
-        measured = density if mask is None else self._density(mask, dev, D)
-        return self._plan_for(dev, dtype, sizes, backend, timeline, measured)
+        return self._plan_for(
+            dev, dtype, sizes, backend, timeline, self._given(density, mask, dev, D)
+        )
 
     def prepare(
         self,
@@ -377,7 +378,7 @@ class CompiledCell:
         sizes = Sizes(batch, 1, heads, head_dim or 1)
         self._ops_for(dev, self._plan_for(dev, dtype, sizes, "stepwise"))
         if head_dim is not None:
-            measured = density if mask is None else self._density(mask, dev, head_dim)
+            measured = self._given(density, mask, dev, head_dim)
             self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", False, measured))
             if timeline:
                 self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", True))
@@ -458,6 +459,12 @@ class CompiledCell:
         if key not in self._warned and not torch.compiler.is_compiling():
             self._warned.add(key)
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
+
+    def _given(
+        self, density: float, mask: torch.Tensor | None, device: torch.device, D: int
+    ) -> float | tuple[float, float]:
+        """What ``plan`` and ``prepare`` plan for: ``mask``'s densities, else ``density``."""
+        return density if mask is None else self._density(mask, device, D)
 
     def _density(
         self, mask: torch.Tensor | None, device: torch.device, D: int
