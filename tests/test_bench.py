@@ -419,3 +419,22 @@ def test_step_phases_names_each_phase_a_template_marks():
             start = text.rindex("RNNCC_TRACE_INIT", 0, end)
             marks = {int(i) for i in re.findall(r"RNNCC_TRACE\((\d+)\)", text[start:end])}
             assert marks == set(range(len(names[kind]) + 1)), (variant, kind, sorted(marks))
+
+
+def test_sparse_banks_counts_wavefronts_of_the_gathers_order():
+    """``benchmarks/sparse_banks.py``: 32 columns with two of each bank group read in 2
+    wavefronts, 32 of one group in 32; the floor of a random strip is at most its count."""
+    import numpy as np
+
+    banks = _script("sparse_banks")
+    spread = np.zeros((1, 1024), dtype=bool)
+    spread[0, :32] = True  # columns 0..31: each group twice
+    one_group = np.zeros((1, 1024), dtype=bool)
+    one_group[0, ::32] = True  # columns 0, 32, ..., 992: all in group 0
+    for mask, want in ((spread, 2), (one_group, 32)):
+        columns, start = banks.gather_order(mask)
+        assert sorted(columns) == list(np.nonzero(mask[0])[0]) and start == [0, 32]
+        assert banks.product_steps(columns, start, warps=1) == [want]
+    mask = np.random.default_rng(0).random((72, 2304)) < 0.3
+    steps = banks.product_steps(*banks.gather_order(mask))
+    assert 2 <= banks.floor(mask) <= sum(steps) / len(steps) < 3
