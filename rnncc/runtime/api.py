@@ -53,7 +53,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
-from rnncc.runtime.sparsity import StripDensities, masked, validate_mask
+from rnncc.runtime.sparsity import StripDensities, masked, sparse_r, validate_mask
 from rnncc.runtime.validate import Sizes, validate, validate_lengths, validate_reverse
 
 if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
@@ -201,6 +201,7 @@ class CompiledCell:
         docstring."""
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        R, mask = sparse_r(R, mask)
         sizes = validate(self.ir, Wx, R, b, states, params)
         reverse_from = validate_reverse(reverse, sizes.NH)
         timeline = lengths is not None or reverse_from < sizes.NH
@@ -254,6 +255,7 @@ class CompiledCell:
         if not isinstance(Wx_t, torch.Tensor) or Wx_t.dim() != 4:
             got = f"shape {list(Wx_t.shape)}" if isinstance(Wx_t, torch.Tensor) else "not a tensor"
             raise ValueError(f"Wx_t has {got}, expected [B, Gx={len(self.gx_names)}, NH, D]")
+        R, _ = sparse_r(R, None)  # the step runs R's dense form
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         if decodes(backend, Wx_t.device, Wx_t.dtype, lambda: (Wx_t, R, b, states, params)):

@@ -9,7 +9,8 @@ piece of a strip (``piece_density``); they are computed on the device once per m
 after the mask changes in place).
 
 ``magnitude_mask(R, density)``: the mask keeping the ``density`` largest-magnitude entries of
-each gate of each head.
+each gate of each head. ``sparse_r(R, mask)``: a sparse COO R as its dense form and its stored
+entries as the mask.
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ def validate_mask(mask: object, R: torch.Tensor | None) -> torch.Tensor:
     if mask.device != R.device:
         raise ValueError(f"mask is on {mask.device}, expected {R.device} like R")
     return mask
+
+
+def sparse_r(
+    R: torch.Tensor | None, mask: torch.Tensor | None
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """``(R, mask)`` for a cell call: a sparse COO ``R`` becomes its dense form (differentiable:
+    its gradient is sparse, on the stored entries) and the mask of its stored entries (a
+    stored zero is kept); anything else passes unchanged. A ``ValueError`` for R in another
+    sparse layout or a sparse R with ``mask=``."""
+    if not isinstance(R, torch.Tensor) or R.layout == torch.strided:
+        return R, mask
+    if R.layout != torch.sparse_coo:
+        raise ValueError(
+            f"R is a {R.layout} tensor: give R as a sparse COO tensor (R.to_sparse_coo()), "
+            "or dense with mask="
+        )
+    if mask is not None:
+        raise ValueError(
+            "R is a sparse tensor, whose stored entries are the mask: give mask= only with a "
+            "dense R"
+        )
+    coo = R.detach().coalesce()
+    stored = torch.zeros(R.shape, dtype=torch.bool, device=R.device)
+    stored[tuple(coo.indices())] = True
+    return R.to_dense(), stored
 
 
 def masked(R: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

@@ -16,6 +16,7 @@ from rnncc.runtime.sparsity import (
     StripDensities,
     magnitude_mask,
     piece_density,
+    sparse_r,
     strip_density,
     validate_mask,
 )
@@ -226,3 +227,41 @@ def test_a_masked_call_runs_r_times_the_mask_and_its_gradient_there_only():
     assert torch.equal(y, y_dense) and torch.equal(last, last_dense)
     (y.sum() + last.sum()).backward()
     assert (R.grad[~mask] == 0).all() and (R.grad[mask] != 0).any()
+
+
+def test_a_sparse_coo_r_runs_as_its_dense_form_masked_by_its_stored_entries():
+    B, T, D = 2, 5, 8
+    Wx = torch.randn(B, T, 4, 1, D, dtype=torch.float64)
+    b = torch.randn(4, 1, D, dtype=torch.float64)
+    R = torch.randn(4, 1, D, D, dtype=torch.float64)
+    mask = magnitude_mask(R, 0.3)
+    R[0, 0, 0, 0], mask[0, 0, 0, 0] = 0.0, True  # a stored zero is kept
+    sparse = torch.sparse_coo_tensor(mask.nonzero().T, R[mask], R.shape, check_invariants=True)
+    sparse.requires_grad_()
+    assert torch.equal(sparse_r(sparse, None)[1], mask)
+    dense = R.clone().requires_grad_()
+    y, last = LSTM(Wx, sparse, b)
+    y_masked, last_masked = LSTM(Wx, dense, b, mask=mask)
+    assert torch.equal(y, y_masked) and torch.equal(last, last_masked)
+    (y.sum() + last.sum()).backward()
+    (y_masked.sum() + last_masked.sum()).backward()
+    assert sparse.grad is not None and sparse.grad.layout == torch.sparse_coo
+    assert torch.equal(sparse.grad.to_dense(), dense.grad)  # the stored entries only
+    step, step_masked = LSTM.step(Wx[:, 0], sparse.detach(), b), LSTM.step(Wx[:, 0], R * mask, b)
+    assert all(torch.equal(u, v) for u, v in zip(step, step_masked, strict=True))
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_sparse_r_in_another_layout_or_with_a_mask_is_refused():
+    Wx = torch.randn(2, 3, 4, 1, 8, dtype=torch.float64)
+    R = torch.randn(4, 1, 8, 8, dtype=torch.float64)
+    with pytest.raises(
+        ValueError, match=r"^R is a torch.sparse_csr tensor: give R as a sparse COO"
+    ):
+        LSTM(Wx, R.to_sparse_csr(), torch.zeros(4, 1, 8, dtype=torch.float64))
+    with pytest.raises(
+        ValueError, match="stored entries are the mask: give mask= only with a dense R"
+    ):
+        LSTM(Wx, R.to_sparse(), torch.zeros(4, 1, 8, dtype=torch.float64), mask=R > 0)
+    with pytest.raises(ValueError, match=r"^R has shape \[4, 1, 4, 8\], expected \[4, 1, 8, 8\]"):
+        LSTM(Wx, torch.ones(4, 1, 4, 8, dtype=torch.float64).to_sparse(), None)
