@@ -9,14 +9,15 @@ piece of a strip (``piece_density``); they are computed on the device once per m
 after the mask changes in place).
 
 ``magnitude_mask(R, density)``: the mask keeping the ``density`` largest-magnitude entries of
-each gate of each head. ``sparse_r(R, mask)``: a sparse COO R as its dense form and its stored
-entries as the mask.
+each gate of each head. ``sparse_r(R, mask)``: a sparse R (COO, CSR, CSC, BSR, BSC) as its
+dense form and its stored entries as the mask.
 """
 
 from __future__ import annotations
 
 import math
 import weakref
+from typing import Any
 
 import torch
 
@@ -44,29 +45,68 @@ def validate_mask(mask: object, R: torch.Tensor | None) -> torch.Tensor:
     return mask
 
 
+#: Torch's compressed sparse layouts (per gate and head: a batched tensor of R's shape, the same
+#: number of stored entries or blocks in each matrix), with their compressed and plain indices.
+_COMPRESSED = {
+    torch.sparse_csr: ("crow_indices", "col_indices"),
+    torch.sparse_csc: ("ccol_indices", "row_indices"),
+    torch.sparse_bsr: ("crow_indices", "col_indices"),
+    torch.sparse_bsc: ("ccol_indices", "row_indices"),
+}
+#: The layouts whose tensors autograd can give a gradient (CSC, BSR and BSC leaves cannot hold
+#: one: torch's engine fails accumulating it).
+_GRAD_LAYOUTS = (torch.sparse_coo, torch.sparse_csr)
+
+
+class _CompressedDense(torch.autograd.Function):
+    """A compressed sparse tensor's dense form; its gradient is the dense gradient at the stored
+    entries, in the tensor's own layout (``Tensor.sparse_mask``)."""
+
+    @staticmethod
+    def forward(ctx: Any, R: torch.Tensor) -> torch.Tensor:
+        ctx.pattern = R.detach()
+        return R.detach().to_dense()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.sparse_mask(ctx.pattern)
+
+
 def sparse_r(
     R: torch.Tensor | None, mask: torch.Tensor | None
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """``(R, mask)`` for a cell call: a sparse COO ``R`` becomes its dense form (differentiable:
-    its gradient is sparse, on the stored entries) and the mask of its stored entries (a
-    stored zero is kept); anything else passes unchanged. A ``ValueError`` for R in another
-    sparse layout or a sparse R with ``mask=``."""
+    """``(R, mask)`` for a cell call: a sparse ``R`` (COO, or CSR, CSC, BSR or BSC per gate and
+    head) becomes its dense form (differentiable for COO and CSR: the gradient is sparse, in
+    R's layout, on the stored entries) and the mask of its stored entries (a stored zero is
+    kept; a stored block is kept whole); anything else passes unchanged. A ``ValueError`` for a
+    sparse R with ``mask=``, or one that requires grad in a layout autograd cannot give a
+    gradient."""
     if not isinstance(R, torch.Tensor) or R.layout == torch.strided:
         return R, mask
-    if R.layout != torch.sparse_coo:
-        raise ValueError(
-            f"R is a {R.layout} tensor: give R as a sparse COO tensor (R.to_sparse_coo()), "
-            "or dense with mask="
-        )
     if mask is not None:
         raise ValueError(
             "R is a sparse tensor, whose stored entries are the mask: give mask= only with a "
             "dense R"
         )
-    coo = R.detach().coalesce()
-    stored = torch.zeros(R.shape, dtype=torch.bool, device=R.device)
-    stored[tuple(coo.indices())] = True
-    return R.to_dense(), stored
+    if R.requires_grad and R.layout not in _GRAD_LAYOUTS:
+        raise ValueError(
+            f"R is a {R.layout} tensor that requires grad, and torch cannot give a gradient in "
+            "that layout: give R as a sparse COO or CSR tensor (R.to_sparse_coo()), or dense "
+            "with mask="
+        )
+    if R.layout == torch.sparse_coo:
+        coo = R.detach().coalesce()
+        stored = torch.zeros(R.shape, dtype=torch.bool, device=R.device)
+        stored[tuple(coo.indices())] = True
+        return R.to_dense(), stored
+    if R.layout not in _COMPRESSED:
+        raise ValueError(f"R is a {R.layout} tensor: give R dense, or as a sparse COO tensor")
+    compressed, plain = (getattr(R, name)() for name in _COMPRESSED[R.layout])
+    ones = torch.ones_like(R.values())
+    pattern = torch.sparse_compressed_tensor(  # R's own indices: nothing to check
+        compressed, plain, ones, R.shape, layout=R.layout, check_invariants=False
+    )
+    return _CompressedDense.apply(R), pattern.to_dense() != 0
 
 
 def masked(R: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

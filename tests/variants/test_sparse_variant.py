@@ -251,17 +251,78 @@ def test_a_sparse_coo_r_runs_as_its_dense_form_masked_by_its_stored_entries():
     assert all(torch.equal(u, v) for u, v in zip(step, step_masked, strict=True))
 
 
+def _blocks_mask(shape: tuple[int, ...], block: int, kept: int) -> torch.Tensor:
+    """A mask of ``kept`` random ``block`` x ``block`` blocks in each gate's and head's matrix
+    (the same count in each, as torch's batched block-sparse tensors need)."""
+    G, NH, D, _ = shape
+    n = D // block
+    blocks = torch.zeros(G * NH, n * n, dtype=torch.bool)
+    for m in blocks:
+        m[torch.randperm(n * n)[:kept]] = True
+    return blocks.view(G, NH, n, n).repeat_interleave(block, 2).repeat_interleave(block, 3)
+
+
 @pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
-def test_a_sparse_r_in_another_layout_or_with_a_mask_is_refused():
+def test_a_csr_r_per_gate_and_head_runs_masked_by_its_stored_entries_with_a_csr_gradient():
+    B, T, NH, D = 2, 5, 2, 8
+    Wx = torch.randn(B, T, 4, NH, D, dtype=torch.float64)
+    b = torch.randn(4, NH, D, dtype=torch.float64)
+    R = torch.randn(4, NH, D, D, dtype=torch.float64)
+    mask = magnitude_mask(R, 0.3)  # as many kept in each gate's and head's matrix
+    R[tuple(mask.nonzero()[0].tolist())] = 0.0  # a stored zero is kept
+    csr = R.sparse_mask(mask.double().to_sparse_csr())  # R's values at the mask's entries
+    assert csr.layout == torch.sparse_csr
+    assert csr.values().count_nonzero() < csr.values().numel()
+    csr.requires_grad_()
+    assert torch.equal(sparse_r(csr, None)[1], mask)
+    dense = R.clone().requires_grad_()
+    y, last = LSTM(Wx, csr, b)
+    y_masked, last_masked = LSTM(Wx, dense, b, mask=mask)
+    assert torch.equal(y, y_masked) and torch.equal(last, last_masked)
+    (y.sum() + last.sum()).backward()
+    (y_masked.sum() + last_masked.sum()).backward()
+    assert csr.grad is not None and csr.grad.layout == torch.sparse_csr
+    assert torch.equal(csr.grad.to_dense(), dense.grad)  # the stored entries only
+    assert torch.equal(csr.grad.col_indices(), csr.col_indices())
+
+
+@pytest.mark.parametrize("layout", ["bsr", "bsc", "csc"])
+def test_a_block_sparse_or_csc_r_runs_masked_by_its_stored_entries(layout):
+    B, T, NH, D = 2, 4, 2, 8
+    Wx = torch.randn(B, T, 4, NH, D, dtype=torch.float64)
+    b = torch.randn(4, NH, D, dtype=torch.float64)
+    R = torch.randn(4, NH, D, D, dtype=torch.float64)
+    mask = _blocks_mask(R.shape, 2, 5)
+    sparse = {
+        "bsr": lambda t: t.to_sparse_bsr((2, 2)),
+        "bsc": lambda t: t.to_sparse_bsc((2, 2)),
+        "csc": lambda t: t.to_sparse_csc(),
+    }[layout](R * mask)
+    assert torch.equal(sparse_r(sparse, None)[1], mask)
+    y, last = LSTM(Wx, sparse, b)
+    y_masked, last_masked = LSTM(Wx, R, b, mask=mask)
+    assert torch.equal(y, y_masked) and torch.equal(last, last_masked)
+    step, step_masked = LSTM.step(Wx[:, 0], sparse, b), LSTM.step(Wx[:, 0], R * mask, b)
+    assert all(torch.equal(u, v) for u, v in zip(step, step_masked, strict=True))
+    with pytest.raises(
+        ValueError,
+        match=rf"^R is a torch.sparse_{layout} tensor that requires grad, and torch cannot give "
+        r"a gradient in that layout: give R as a sparse COO or CSR tensor",
+    ):
+        LSTM(Wx, sparse.detach().requires_grad_(), b)
+
+
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+def test_a_sparse_r_with_a_mask_or_of_the_wrong_shape_is_refused():
     Wx = torch.randn(2, 3, 4, 1, 8, dtype=torch.float64)
     R = torch.randn(4, 1, 8, 8, dtype=torch.float64)
-    with pytest.raises(
-        ValueError, match=r"^R is a torch.sparse_csr tensor: give R as a sparse COO"
-    ):
-        LSTM(Wx, R.to_sparse_csr(), torch.zeros(4, 1, 8, dtype=torch.float64))
-    with pytest.raises(
-        ValueError, match="stored entries are the mask: give mask= only with a dense R"
-    ):
-        LSTM(Wx, R.to_sparse(), torch.zeros(4, 1, 8, dtype=torch.float64), mask=R > 0)
+    b = torch.zeros(4, 1, 8, dtype=torch.float64)
+    for sparse in (R.to_sparse(), R.to_sparse_csr()):
+        with pytest.raises(
+            ValueError, match="stored entries are the mask: give mask= only with a dense R"
+        ):
+            LSTM(Wx, sparse, b, mask=R > 0)
     with pytest.raises(ValueError, match=r"^R has shape \[4, 1, 4, 8\], expected \[4, 1, 8, 8\]"):
         LSTM(Wx, torch.ones(4, 1, 4, 8, dtype=torch.float64).to_sparse(), None)
+    with pytest.raises(ValueError, match=r"^R has shape \[8, 8\], expected \[4, 1, 8, 8\]"):
+        LSTM(Wx, R[0, 0].to_sparse_csr(), b)
