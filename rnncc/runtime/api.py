@@ -18,7 +18,9 @@ the two halves of the heads of one call. On the CUDA backends lengths and direct
 inside the kernels: the fused variants' plan (``timeline``) picks kernels built for them.
 ``mask`` (bool, R's shape ``[Gr, NH, D, D]``, True: kept) makes R sparse: the call runs
 ``R * mask`` (R's gradient is zero at the dropped entries), and on CUDA the planner may pick
-the sparse kernel, which keeps only R's non-zeros on chip (``rnncc.runtime.sparsity``).
+the sparse kernel, which keeps only R's non-zeros on chip (``rnncc.runtime.sparsity``). R may
+also be a torch sparse tensor (COO, or CSR, CSC, BSR, BSC per gate and head): its stored
+entries are then the mask (``sparsity.sparse_r``).
 
 It validates the inputs (``ValueError`` naming the tensor, the expected and the actual
 shape, dtype or device), fills defaults (declared initial states and params, made once per
