@@ -229,14 +229,20 @@ def test_a_masked_call_runs_r_times_the_mask_and_its_gradient_there_only():
     assert (R.grad[~mask] == 0).all() and (R.grad[mask] != 0).any()
 
 
-def test_a_sparse_coo_r_runs_as_its_dense_form_masked_by_its_stored_entries():
-    B, T, D = 2, 5, 8
-    Wx = torch.randn(B, T, 4, 1, D, dtype=torch.float64)
-    b = torch.randn(4, 1, D, dtype=torch.float64)
-    R = torch.randn(4, 1, D, D, dtype=torch.float64)
-    mask = magnitude_mask(R, 0.3)
-    R[0, 0, 0, 0], mask[0, 0, 0, 0] = 0.0, True  # a stored zero is kept
-    sparse = torch.sparse_coo_tensor(mask.nonzero().T, R[mask], R.shape, check_invariants=True)
+@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
+@pytest.mark.parametrize("layout", [torch.sparse_coo, torch.sparse_csr], ids=str)
+def test_a_sparse_r_runs_masked_by_its_stored_entries_with_a_gradient_in_its_layout(layout):
+    B, T, NH, D = 2, 5, 2, 8
+    Wx = torch.randn(B, T, 4, NH, D, dtype=torch.float64)
+    b = torch.randn(4, NH, D, dtype=torch.float64)
+    R = torch.randn(4, NH, D, D, dtype=torch.float64)
+    mask = magnitude_mask(R, 0.3)  # as many kept in each gate's and head's matrix (CSR needs it)
+    R[tuple(mask.nonzero()[0].tolist())] = 0.0  # a stored zero is kept
+    pattern = mask.double()
+    pattern = pattern.to_sparse_csr() if layout == torch.sparse_csr else pattern.to_sparse()
+    sparse = R.sparse_mask(pattern)  # R's values at the mask's entries
+    assert sparse.layout == layout
+    assert sparse.values().count_nonzero() < sparse.values().numel()
     sparse.requires_grad_()
     assert torch.equal(sparse_r(sparse, None)[1], mask)
     dense = R.clone().requires_grad_()
@@ -245,7 +251,7 @@ def test_a_sparse_coo_r_runs_as_its_dense_form_masked_by_its_stored_entries():
     assert torch.equal(y, y_masked) and torch.equal(last, last_masked)
     (y.sum() + last.sum()).backward()
     (y_masked.sum() + last_masked.sum()).backward()
-    assert sparse.grad is not None and sparse.grad.layout == torch.sparse_coo
+    assert sparse.grad is not None and sparse.grad.layout == layout
     assert torch.equal(sparse.grad.to_dense(), dense.grad)  # the stored entries only
     step, step_masked = LSTM.step(Wx[:, 0], sparse.detach(), b), LSTM.step(Wx[:, 0], R * mask, b)
     assert all(torch.equal(u, v) for u, v in zip(step, step_masked, strict=True))
@@ -260,30 +266,6 @@ def _blocks_mask(shape: tuple[int, ...], block: int, kept: int) -> torch.Tensor:
     for m in blocks:
         m[torch.randperm(n * n)[:kept]] = True
     return blocks.view(G, NH, n, n).repeat_interleave(block, 2).repeat_interleave(block, 3)
-
-
-@pytest.mark.filterwarnings("ignore:Sparse CSR tensor support is in beta")
-def test_a_csr_r_per_gate_and_head_runs_masked_by_its_stored_entries_with_a_csr_gradient():
-    B, T, NH, D = 2, 5, 2, 8
-    Wx = torch.randn(B, T, 4, NH, D, dtype=torch.float64)
-    b = torch.randn(4, NH, D, dtype=torch.float64)
-    R = torch.randn(4, NH, D, D, dtype=torch.float64)
-    mask = magnitude_mask(R, 0.3)  # as many kept in each gate's and head's matrix
-    R[tuple(mask.nonzero()[0].tolist())] = 0.0  # a stored zero is kept
-    csr = R.sparse_mask(mask.double().to_sparse_csr())  # R's values at the mask's entries
-    assert csr.layout == torch.sparse_csr
-    assert csr.values().count_nonzero() < csr.values().numel()
-    csr.requires_grad_()
-    assert torch.equal(sparse_r(csr, None)[1], mask)
-    dense = R.clone().requires_grad_()
-    y, last = LSTM(Wx, csr, b)
-    y_masked, last_masked = LSTM(Wx, dense, b, mask=mask)
-    assert torch.equal(y, y_masked) and torch.equal(last, last_masked)
-    (y.sum() + last.sum()).backward()
-    (y_masked.sum() + last_masked.sum()).backward()
-    assert csr.grad is not None and csr.grad.layout == torch.sparse_csr
-    assert torch.equal(csr.grad.to_dense(), dense.grad)  # the stored entries only
-    assert torch.equal(csr.grad.col_indices(), csr.col_indices())
 
 
 @pytest.mark.parametrize("layout", ["bsr", "bsc", "csc"])
