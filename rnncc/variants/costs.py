@@ -31,19 +31,17 @@ SMEM_BYTES_PER_CLK = 128
 #: the part of R that L2 keeps comes faster).
 STREAM_BYTES_PER_US = 25e3
 #: The streamed bytes of a step (all blocks) that L2 keeps from one step to the next, so that
-#: they come at L2's rate instead: an H100 kept a 26 MB stream (LSTM 2304: 8.3 µs a step
-#: against 19 predicted at HBM's rate) and none of a 53.5 MB one (LSTM 3072: 21.9 against 27.6;
-#: a cyclic read larger than the cache evicts every line before its reuse).
+#: they come at L2's rate instead: an H100 kept a 26 MB stream and none of a 53.5 MB one (a
+#: cyclic read larger than the cache evicts every line before its reuse).
 STREAM_L2_RESIDENT_BYTES = 30e6
 #: Of a larger stream, the bytes the launches' persisting L2 window keeps: the largest
 #: persisting set-aside of an H100 or H200 (cudaDevAttrMaxPersistingL2CacheSize, 37.5 MiB).
 STREAM_L2_PERSISTING_BYTES = 39321600
 #: The share of that set-aside a launch's window claims for its persisting lines (its hit
-#: ratio: the claim over the window's bytes), forward and backward. Claiming all of it left too
-#: little of L2 to the rest of the stream. H100, LSTM, B = 4, T = 1024, bf16, forward kernel ms
-#: claiming 1, 0.85, 0.7 and 0.5 of it: 4096 units 36.2, 33.8, 33.5-34.2, 35.7; 3072 units
-#: 14.8, 14.7, 15.9-16.1, 18.2. The backward, whose stream runs ahead into L2 (bulk prefetches),
-#: took the same within 3 % at every claim from 0 to 0.5 (4096 units 49.2-50.6 ms).
+#: ratio: the claim over the window's bytes), forward and backward. Claiming all of it leaves
+#: too little of L2 to the rest of the stream; the backward, whose stream runs ahead into L2
+#: (bulk prefetches), hardly depends on it (fits to LSTM forward and backward kernel times at
+#: 3072 and 4096 units on an H100).
 STREAM_L2_CLAIM_FW = 0.85
 STREAM_L2_CLAIM_BW = 0.3
 #: A stepwise step: a batched matrix product and a pointwise kernel, launched from the host
@@ -51,8 +49,8 @@ STREAM_L2_CLAIM_BW = 0.3
 STEPWISE_STEP_US = 24.0
 STEPWISE_BACKWARD_US = 36.0
 #: The stepwise product's rate of reading R (bytes per µs), which sets a step's time once R
-#: is large: H100, LSTM bf16, T = 1024, B = 4: 56 µs a step at 2304 units (42.5 MB of R),
-#: 113 at 4096 (134 MB), that is 24 µs plus R at 1.3-1.5 TB/s.
+#: is large (a fit to an H100's LSTM steps at 2304 and 4096 units: 24 µs plus R at 1.3-1.5
+#: TB/s).
 STEPWISE_R_BYTES_PER_US = 1.4e6
 
 

@@ -60,16 +60,15 @@ STREAM_KERNELS = ((1, 4), (2, 4))
 WIDTHS = (1, 2, 4)
 #: Wide blocks (16 units: 384 threads at most, so 168 registers each, R's fragments 64 of
 #: them) only for cells with at most this many states plus params, up to this head dim on
-#: Hopper; larger ones spilled in ptxas.
+#: Hopper: larger ones spill.
 WIDE_MAX_STATE_WORDS = 2
 WIDE_MAX_HEAD_DIM = 768
 #: The largest head dim of wide blocks on the other archs (sm_80, sm_86, sm_89), whose ptxas
-#: allocates the wide backward differently: the LSTM's (4 gates, the most of the cells wide
-#: blocks take) built without spills up to 448 units for sm_80 and sm_89, and spilled 56-80
-#: bytes at 512 and 4-80 at 640 and 768.
+#: allocates the wide backward differently: past it the LSTM's (4 gates, the most of the cells
+#: wide blocks take) spills there.
 WIDE_MAX_HEAD_DIM_BEFORE_HOPPER = 448
 #: Narrow blocks (8 units, R in registers) up to this head dim: past it their product takes
-#: more warps than leave registers for R (at 2048, 16 warps spilled), and wide blocks hold it.
+#: more warps than leave registers for R, and wide blocks hold it.
 NARROW_MAX_HEAD_DIM = 1024
 #: Warps a block's product may take: narrow, wide and streaming.
 MAX_WARPS = {1: 32, 2: 12, 4: 8}
@@ -77,42 +76,34 @@ BACKWARD_FACTOR = 1.6
 #: What a wide block's backward step of one n tile costs beyond BACKWARD_FACTOR for cells
 #: with R and WIDE_MAX_STATE_WORDS states plus params (the LSTM among the examples), up to
 #: NARROW_MAX_HEAD_DIM, at 4 product warps; half that at 8, none from 12. ptxas schedules each
-#: of its loads of dg behind the mma that read the registers of the one before (ncu, LSTM
-#: 6 x 128: 4 round trips to L2 a step where the GRU's kernel makes 2), though it uses 162 of
-#: its 255 registers, and fewer warps, or fewer n tiles, hide less of it. H100, T = 1024, µs
-#: per backward step, wide against narrow blocks two per SM (benchmarks/results/backward-
-#: points-h100-2026-11-27.txt and -27b.txt; B = 16): LSTM 6 x 128 (4 warps) 3.19 / 3.12
-#: against 2.51 / 2.57 (with the wide forward); 3 x 256 (8) 3.10 / 3.14 against 2.72 / 2.68;
-#: 2 x 384 (12) 2.90 / 3.11 against 3.16 / 3.12. At B = 64 (two n tiles) the wide backward is
-#: the faster (LSTM 6 x 128: 4.22 against 4.85 on narrow blocks four per SM), and the GRU's
-#: wide backward is the fastest of its points (6 x 128, B = 16: 1.92 against 2.41).
+#: of its loads of dg behind the mma that read the registers of the one before, and fewer
+#: warps, or fewer n tiles, hide less of it (a fit to the times in benchmarks/results/
+#: backward-points-h100-2026-11-27.txt and -27b.txt).
 WIDE_BACKWARD_EXTRA_US = 0.6
 #: Past NARROW_MAX_HEAD_DIM (Hopper only), wide blocks split R between registers and shared
 #: memory: this many product warps (256 threads, so 255 registers each), their first k tiles'
 #: fragments in at most this many registers per thread (forward, backward), the others in
-#: shared memory, read each step (the fragment store). More spilled in ptxas (the LSTM at
-#: 2048 units: a backward of 96, 168 bytes).
+#: shared memory, read each step (the fragment store). More registers spill.
 SPLIT_WARPS = 8
 SPLIT_FW_REGISTERS = 96
 SPLIT_BW_REGISTERS = 64
 #: Streaming blocks' forward: R's fragments in at most this many registers per thread (its
-#: loads from global memory take the rest; at 96 the GRU's at 2304 units spilled 56-176 bytes).
+#: loads from global memory take the rest: more spill).
 STREAM_FW_REGISTERS = 64
 
 
 #: fp32's forward: its k tiles over at most this many warps (384 threads: 168 registers
-#: each), else over half as many with twice the k tiles (the LSTM at 1024 units spilled over
-#: 16 warps, not over 8); and blocks of at most 4 n tiles (at 8, the forward spilled at 768
-#: units).
+#: each), else over half as many with twice the k tiles (more warps leave too few registers
+#: a thread); and blocks of at most 4 n tiles (more spill).
 FP32_FORWARD_WARPS = 12
 FP32_KERNELS = ((1, 1), (2, 1), (4, 1))
 #: Narrow blocks' backward: R's fragments in at most this many registers per thread, the rest
-#: of a warp's k tiles in shared memory. With all of them in registers (255 a thread), fp32's
-#: backward spilled for several cells at 768 and 1024 units, and the 16-bit one 68-420 bytes
-#: for the LSTM, sLSTM and peephole LSTM at 1024 units (32 k tiles a warp, 64 registers).
+#: of a warp's k tiles in shared memory. With all of them in registers (255 a thread), the
+#: backward spills: fp32's for several cells at 768 and 1024 units, the 16-bit one for the
+#: LSTM, sLSTM and peephole LSTM at 1024.
 NARROW_BW_REGISTERS = 48
-#: fp32's backward step against its forward step, as measured on an H100 (the kernels of an
-#: LSTM at 768 units, B = 16: 2.15; 1.9-2.3 over benchmarks/fp32_speed.py's points).
+#: fp32's backward step against its forward step: a fit to benchmarks/fp32_speed.py's points
+#: on an H100.
 FP32_BACKWARD_FACTOR = 2.1
 #: Tensor-core time of a k16 tile in fp32 (3xTF32: three products, each two m16n8k8.tf32 at
 #: half the 16-bit rate) against bf16's one m16n8k16.
@@ -172,7 +163,7 @@ def backward_warps(p: Problem, uw: int) -> tuple[int, int]:
     k tiles per warp while that takes at most 8 warps, else 32. Wide (R as A fragments, 4
     per k tile): 8 k tiles per warp while that takes at most 12 warps, else 16; split blocks:
     SPLIT_WARPS warps. (fp32's fragments take twice the registers, but more warps would lower
-    a thread's share more: at 768 units, 12 warps of 16 k tiles spilled, 8 of 24 do not.)"""
+    a thread's share of the registers more, and spill.)"""
     g = gate_tiles(p)
     if split(p, uw):
         return SPLIT_WARPS, cdiv(g, SPLIT_WARPS)

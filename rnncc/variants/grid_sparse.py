@@ -57,8 +57,8 @@ BACKWARD_CHUNK_US = 0.6
 BACKWARD_CHUNK_US_PER_UNIT = 0.3e-3
 #: A layout with entries in registers (8 warps a block: less latency hidden, and unrolled code
 #: for the register steps) against the shared-memory model above, forward and backward: fits to
-#: the LSTM at 2304 units, 45 %, and at 5280 units, 10 % (H100, B = 4, T = 1024: forward 1.56 and
-#: 1.45, backward 1.94 and 1.67 times the model's step; benchmarks/results/sparse-ab-h100-2026-11-27.txt).
+#: the LSTM at 2304 units, 45 %, and at 5280 units, 10 % on an H100
+#: (benchmarks/results/sparse-ab-h100-2026-11-27.txt).
 REG_LAYOUT_FW = 1.5
 REG_LAYOUT_BW = 1.8
 
