@@ -7,19 +7,21 @@
 // each chunk's operand staged in turn).
 //
 // The kernel's prologue finds the non-zeros itself (a warp per slot, ballots in column order,
-// so their order is deterministic) into the block's scratch in the exchange buffer, splits each
-// chunk's entries evenly over the warps (a warp's range may start and end inside a slot), and
-// moves them where the steps read them: a warp's first kFwRegSteps / kBwRegSteps steps of 32
-// entries of each chunk into its lanes' registers (plans whose entries shared memory alone
-// cannot hold: 256 threads of up to 255 registers), the rest into shared memory. A step:
+// so their order is deterministic) into the block's scratch in the exchange buffer, cuts each
+// chunk's slots into pieces of one slot each and deals them to the warps' rounds (32 pieces a
+// round, a lane running one piece whole: `distribute`), and moves them where the steps read
+// them: a warp's first kFwRegSteps / kBwRegSteps steps of 32 entries of each chunk into its
+// lanes' registers (plans whose entries shared memory alone cannot hold: 256 threads of up to
+// 255 registers), the rest into shared memory. The host models the same layout from the mask
+// (rnncc/variants/pieces.py) to know it fits. A step:
 //
 // - wait for the head's blocks (a counter per (head, batch chunk), as on grid_mma), copy the
 //   operand (h, or dg's rows of kBwGates gates, or half of either: a chunk of columns at a
 //   time) from the exchange buffer into shared memory ([column][kNB rows], 16-bit), and for
-//   each chunk each warp runs its entries: a lane takes one entry, reads
-//   the operand's kNB values of its column in one load and adds value x those into kNB sums; at
-//   a slot's end the warp reduces them and adds them into the block's sums (shared memory;
-//   atomically only for a slot that two warps share);
+//   each chunk each warp runs its rounds: a lane takes one entry a step, reads the operand's
+//   kNB values of its column in one load and adds value x those into kNB sums; at a round's
+//   end the lanes of one slot sum theirs and one adds them into the block's sums (shared
+//   memory, atomically);
 // - forward: the cell threads (unit, pair of rows) run C::forward on the gate sums and publish
 //   the new h; backward: the cell threads (row, pair of units) run C::backward, publish the
 //   gate cotangents, and add the block's sums (Rᵀ dg of their units) into the states'.
@@ -27,8 +29,8 @@
 // Full-length sequences only (no kTimeline): lengths and the reverse direction take the dense
 // variants. Templated on the generated cell struct C: its shape and the plan's kU, kNB,
 // kSparseThreads, kFwEntries / kBwEntries (each block's shared-memory capacity), kFwSmem /
-// kBwSmem, kBwGates, kFwSplit / kBwSplit, kFwRegSteps / kBwRegSteps and kScratch (a block's
-// scratch words).
+// kBwSmem, kBwGates, kFwSplit / kBwSplit, kFwRegSteps / kBwRegSteps, kFwRounds / kBwRounds
+// and kScratch (a block's scratch words).
 #pragma once
 #include <type_traits>
 
@@ -60,10 +62,13 @@ struct Kernels : MmaCommon<C> {
   static_assert(kD <= 65536, "a column index fits 16 bits");
   static_assert(kU * kNB / 2 <= kThreads, "a cell thread per (unit, row pair) and (row, unit pair)");
 
+  // Steps of 32 entries a warp runs at once, their operand loads in flight together.
+  static constexpr int kBlock = 4;
+
   // The shared memory of one direction, in bytes from the start: the entries, the operand's
-  // chunk, the slots' sums, the entries' start per (chunk, slot), each warp's first slot per
-  // chunk, and (backward) the biases and params of the block's units. The plan sizes the whole
-  // (kFwSmem, kBwSmem) with the same sums.
+  // chunk, the slots' sums, the entries' start per (chunk, slot), each (chunk, warp, round)'s
+  // end, each (chunk, warp)'s first shared entry, and (backward) the biases and params of the
+  // block's units. The plan sizes the whole (kFwSmem, kBwSmem) with the same sums.
   template <bool Fw>
   struct Shape {
     static constexpr int kSlots = Fw ? kGr * kU : kU;
@@ -74,21 +79,36 @@ struct Kernels : MmaCommon<C> {
     static constexpr int kCols = (Fw ? kD : C::kBwGates * kD) / kSplit;
     static constexpr int kChunks = kSplit * (Fw ? 1 : kGr / C::kBwGates);
     static constexpr int kCap = Fw ? C::kFwEntries : C::kBwEntries;
-    // Register steps per chunk: a lane holds the entries of a warp's first kRegSteps steps of
-    // each chunk (32 entries a step) in registers, the rest of its range in shared memory.
+    // Each chunk's entries in kPieces pieces, dealt as kRounds rounds of 32 to every warp.
+    static constexpr int kRounds = Fw ? C::kFwRounds : C::kBwRounds;
+    static constexpr int kPieces = 32 * kWarps * kRounds;
+    // Register steps per chunk: a lane holds the entries of its warp's first kRegSteps steps of
+    // each chunk (32 entries a step) in registers, the rest in shared memory.
     static constexpr int kRegSteps = Fw ? C::kFwRegSteps : C::kBwRegSteps;
     static constexpr int kRegs = kRegSteps * kChunks;
+    static constexpr int kRegBlocks = (kRegSteps + kBlock - 1) / kBlock * kBlock;  // the steps of blocks with register entries
     static constexpr int kOperand = 4 * kCap;
     static constexpr int kSums = kOperand + 2 * kCols * kNB;
     static constexpr int kStart = kSums + 4 * kSlots * kNB;
-    static constexpr int kFirst = kStart + 4 * (kChunks * kSlots + 1);
-    static constexpr int kShift = kFirst + 4 * kChunks * kWarps;  // per (chunk, warp): entry - its shared index
+    static constexpr int kEnds = kStart + 4 * (kChunks * kSlots + 1);
+    static constexpr int kShift = kEnds + 4 * kChunks * kWarps * kRounds;
     static constexpr int kSide = kShift + 4 * kChunks * kWarps;
     static constexpr int kBytes = kSide + (Fw ? 0 : 4 * ((kGb > 0 ? kGb : 1) + (kP > 0 ? kP : 1)) * kU);
+    // The block's scratch (32-bit words): the register steps on their way (per chunk, warp,
+    // step, lane), each (chunk, slot)'s entries per bank group and its pieces, each (chunk,
+    // warp, round, lane)'s piece and its slot, then the entries as the prologue finds them.
+    static constexpr int kScrGroups = kRegs * kThreads;
+    static constexpr int kScrCount = kScrGroups + kChunks * kSlots * (128 / (2 * kNB));
+    static constexpr int kScrPiece = kScrCount + kChunks * kSlots;
+    static constexpr int kScrSlot = kScrPiece + kChunks * kPieces;
+    static constexpr int kScrEntries = kScrSlot + kChunks * kPieces;
     static_assert(kCap % 4 == 0 && kCap > 0, "the operand follows the entries 16-byte aligned");
     static_assert(Fw || (kGr % C::kBwGates == 0 && kCols <= 65536), "whole chunks; a column fits 16 bits");
     static_assert((kSplit == 1 || kSplit == 2) && kD % kSplit == 0, "h or a gate's rows in halves");
     static_assert(kBytes <= (Fw ? C::kFwSmem : C::kBwSmem), "the plan's shared memory holds the kernel's");
+    static_assert(kRounds > 0 && kPieces >= kSlots && kSlots < 65536, "a piece or more a slot");
+    static_assert(kCap >= 3 * kSlots + kPieces + 2, "the entries' space holds the prologue's workspace");
+    static_assert(kScrEntries < C::kScratch, "the scratch holds the prologue's tables");
   };
 
   // The exchange of a (head, batch chunk): 16-bit values [2][NH][chunks][kK][kNB] (slot by step
@@ -151,25 +171,17 @@ struct Kernels : MmaCommon<C> {
   // columns takes 32 / kBanks wavefronts at best, each of kBanks lanes in a row.
   static constexpr int kBanks = 128 / (2 * kNB);
 
-  // Warp w's first entry of a chunk (`start`: the chunk's slots' starts, then its end; each
-  // warp takes an even share): its range is [warp_start(start, w), warp_start(start, w + 1)).
-  template <bool Fw>
-  static __device__ __forceinline__ int warp_start(const int* start, const int w) {
-    return start[0] + (int)((long long)(start[Shape<Fw>::kSlots] - start[0]) * w / kWarps);
-  }
-
-  // The non-zeros of the block's strips into its entries (see the file's comment). `at(s, j)`:
+  // The non-zeros of the block's strips into its scratch (see the file's comment). `at(s, j)`:
   // the 16-bit pattern of strip s's column j (j < kChunks kCols; chunk j / kCols). Within a
-  // (chunk, slot), the entries go round-robin over the bank groups, one of each group a pass in
-  // column order (groups that run out drop out of the passes): any kBanks adjacent entries of a
-  // full pass read every bank group once, so a warp's load of the operand takes the fewest
-  // wavefronts (the bank-aware layout of Sparse Persistent RNNs). Each strip is read three
-  // times: counts, then per (chunk, slot) its groups' counts and the entries.
+  // (chunk, slot), the entries go by bank group (a column's group: j % kBanks), in column
+  // order within one, and each group's count goes to the scratch's groups: a piece can then
+  // take its entries group by group (`distribute`). Each strip is read three times: counts,
+  // then per (chunk, slot) its groups' counts and the entries.
   template <bool Fw, class At>
-  static __device__ void gather(unsigned char* smem, uint32_t* const ent, const At& at) {
+  static __device__ void gather(unsigned char* smem, uint32_t* const scratch, const At& at) {
     using Sh = Shape<Fw>;
     int* const start = reinterpret_cast<int*>(smem + Sh::kStart);
-    int* const first = reinterpret_cast<int*>(smem + Sh::kFirst);
+    uint32_t* const ent = scratch + Sh::kScrEntries;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = lane % kBanks;
     constexpr int kLoads = 8;  // a lane's loads in flight
     auto nonzero = [](const unsigned short v) { return (v & 0x7fffu) != 0; };
@@ -202,16 +214,9 @@ struct Kernels : MmaCommon<C> {
         run += v;
       }
       start[Sh::kChunks * Sh::kSlots] = run;
-      if (run > C::kScratch) __trap();  // the host checked the mask's strips against the capacity
+      if (run > C::kScratch - Sh::kScrEntries) __trap();  // the host checked the mask's strips against the capacity
     }
     __syncthreads();
-    for (int i = threadIdx.x; i < Sh::kChunks * kWarps; i += kThreads) {
-      const int c = i / kWarps, w = i % kWarps;
-      const int lo = warp_start<Fw>(start + c * Sh::kSlots, w);
-      int s = 0;
-      while (s + 1 < Sh::kSlots && start[c * Sh::kSlots + s + 1] <= lo) ++s;
-      first[i] = s;
-    }
     unsigned same = 0;  // the lanes of this lane's bank group
     for (int l = group; l < 32; l += kBanks) same |= 1u << l;
     const unsigned below = (1u << lane) - 1u;
@@ -226,25 +231,21 @@ struct Kernels : MmaCommon<C> {
         }
 #pragma unroll
         for (int o = kBanks; o < 32; o <<= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
-        int n[kBanks];
+        if (lane < kBanks) scratch[Sh::kScrGroups + (c * Sh::kSlots + s) * kBanks + lane] = mine;
+        int pos = start[c * Sh::kSlots + s];  // the group's first entry
 #pragma unroll
-        for (int k = 0; k < kBanks; ++k) n[k] = __shfl_sync(0xffffffffu, mine, k);
-        const int base = start[c * Sh::kSlots + s];
-        int seen = 0;  // the group's entries so far
+        for (int k = 0; k < kBanks; ++k) {
+          const int n = __shfl_sync(0xffffffffu, mine, k);
+          pos += k < group ? n : 0;
+        }
         for (int j0 = 0; j0 < Sh::kCols; j0 += 32 * kLoads) {
           unsigned short v[kLoads];
           load(s, c, j0, v);
 #pragma unroll
           for (int i = 0; i < kLoads; ++i) {
             const unsigned m = __ballot_sync(0xffffffffu, nonzero(v[i])) & same;
-            if (nonzero(v[i])) {
-              const int round = seen + __popc(m & below);  // this entry's rank in its group
-              int pos = base;
-#pragma unroll
-              for (int k = 0; k < kBanks; ++k) pos += min(n[k], round) + (k < group && n[k] > round ? 1 : 0);
-              ent[pos] = ((uint32_t)v[i] << 16) | (uint32_t)(j0 + 32 * i + lane);
-            }
-            seen += __popc(m);
+            if (nonzero(v[i])) ent[pos + __popc(m & below)] = ((uint32_t)v[i] << 16) | (uint32_t)(j0 + 32 * i + lane);
+            pos += __popc(m);
           }
         }
       }
@@ -252,47 +253,183 @@ struct Kernels : MmaCommon<C> {
     __syncthreads();
   }
 
-  // The entries the prologue found (`scratch`, in the order of `start`) to where the steps read
-  // them: of each (chunk, warp), the first kRegSteps steps of the warp's range into the lanes'
-  // registers (`re`, chunk by chunk; 0 past the range: value 0, column 0), the rest into shared
-  // memory, the parts one after another (chunk by chunk, warp by warp), with each part's shift
-  // (its first entry minus its shared index).
+  // The entries the prologue found (the scratch's, in the order of `start`) to where the steps
+  // read them. Each chunk's slots are cut into exactly kPieces pieces: a piece for each slot
+  // with entries and the rest in proportion to their entries (largest remainder), piece k of a
+  // slot of p taking its entries k, k + p, k + 2p, ... of each bank group. The pieces, longest
+  // first, go 32 at a time to the warps' rounds (a snake over the warps, and over the chunks'
+  // rounds: every warp runs kRounds rounds a chunk, each as long as its longest piece; one that
+  // ends among the register steps is rounded up to whole blocks of 4), lane l of a round
+  // running one piece whole: no slot ends inside a round, whose end adds each lane's sums into
+  // its slot's (`product`). A lane takes its piece's entries in the order that at
+  // step i prefers bank group (i + l) % kBanks: while their groups last, a step's 32 lanes read
+  // every group twice, the fewest wavefronts (the bank-aware layout of Sparse Persistent RNNs).
+  // A warp's first kRegSteps steps of each chunk go into its lanes' registers (`re`, chunk by
+  // chunk), the rest into shared memory (chunk by chunk, warp by warp); steps past a piece's
+  // end hold 0 (value 0, column 0).
   template <bool Fw>
-  static __device__ void distribute(unsigned char* smem, const uint32_t* const scratch, uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
+  static __device__ void distribute(unsigned char* smem, uint32_t* const scratch, uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
     using Sh = Shape<Fw>;
-    uint32_t* const ent = reinterpret_cast<uint32_t*>(smem);
     const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart);
+    int* const ends = reinterpret_cast<int*>(smem + Sh::kEnds);
     int* const shift = reinterpret_cast<int*>(smem + Sh::kShift);
+    uint32_t* const pieces = scratch + Sh::kScrCount;  // per (chunk, slot)
+    uint32_t* const piece = scratch + Sh::kScrPiece;
+    uint32_t* const slot_of = scratch + Sh::kScrSlot;
+    // workspace in the entries' space, until the pieces are dealt: each slot's pieces and
+    // remainder, its first piece, each piece's length, the pieces left to give out
+    int* const count = reinterpret_cast<int*>(smem);
+    int* const rem = count + Sh::kSlots;
+    int* const first = rem + Sh::kSlots;
+    int* const len = first + Sh::kSlots + 1;
+    int* const left = len + Sh::kPieces;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    auto range = [&](const int c, const int w, int& lo, int& hi) {
-      const int* const st = start + c * Sh::kSlots;
-      lo = warp_start<Fw>(st, w);
-      hi = warp_start<Fw>(st, w + 1);
-    };
-    auto shared_part = [&](const int c, const int w) {
-      int lo, hi;
-      range(c, w, lo, hi);
-      return max(0, hi - lo - 32 * Sh::kRegSteps);
-    };
-    int total = 0;
-    for (int i = 0; i < Sh::kChunks * kWarps; ++i) total += shared_part(i / kWarps, i % kWarps);
-    if (total > Sh::kCap) __trap();  // the host checked the mask's pieces against the capacity
-    int at = 0;
-#pragma unroll
-    for (int c = 0; c < Sh::kChunks; ++c) {
-      for (int w = 0; w < warp; ++w) at += shared_part(c, w);
-      int lo, hi;
-      range(c, warp, lo, hi);
-#pragma unroll
-      for (int j = 0; j < Sh::kRegSteps; ++j) {
-        const int e = lo + 32 * j + lane;
-        re[c * Sh::kRegSteps + j] = e < hi ? __ldcg(scratch + e) : 0u;
+    auto slot_at = [&](const int i) {  // the slot of piece i: the last with first[s] <= i
+      int lo = 0, hi = Sh::kSlots;
+      while (hi - lo > 1) {
+        const int mid = (lo + hi) / 2;
+        if (first[mid] <= i)
+          lo = mid;
+        else
+          hi = mid;
       }
-      const int from = min(hi, lo + 32 * Sh::kRegSteps);
-      if (lane == 0) shift[c * kWarps + warp] = from - at;
-      for (int e = from + lane; e < hi; e += 32) ent[at + e - from] = __ldcg(scratch + e);
-      at += hi - from;
-      for (int w = warp + 1; w < kWarps; ++w) at += shared_part(c, w);
+      return lo;
+    };
+    for (int c = 0; c < Sh::kChunks; ++c) {
+      const int* const st = start + c * Sh::kSlots;
+      const int total = st[Sh::kSlots] - st[0];
+      int nonempty = 0;  // slots with entries
+      for (int s = 0; s < Sh::kSlots; ++s) nonempty += st[s + 1] > st[s] ? 1 : 0;
+      if (threadIdx.x == 0) *left = Sh::kPieces;
+      for (int s = threadIdx.x; s < Sh::kSlots; s += kThreads) rem[s] = -1;
+      __syncthreads();
+      for (int s = threadIdx.x; s < Sh::kSlots; s += kThreads) {
+        const int n = st[s + 1] - st[s];
+        if (n > 0) {
+          const long long x = (long long)n * (Sh::kPieces - nonempty);
+          count[s] = 1 + (int)(x / total);
+          rem[s] = (int)(x % total);
+          atomicSub(left, 1 + (int)(x / total));
+        } else {
+          count[s] = s == 0 && nonempty == 0 ? Sh::kPieces : 0;  // no entries: all empty
+        }
+      }
+      __syncthreads();
+      for (int s = threadIdx.x; s < Sh::kSlots; s += kThreads) {
+        if (rem[s] < 0) continue;
+        int rank = 0;  // among the slots by remainder, largest first
+        for (int t = 0; t < Sh::kSlots; ++t) rank += rem[t] > rem[s] || (rem[t] == rem[s] && t < s) ? 1 : 0;
+        if (rank < *left) ++count[s];
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {
+        int run = 0;
+        for (int s = 0; s < Sh::kSlots; ++s) {
+          first[s] = run;
+          run += count[s];
+        }
+        first[Sh::kSlots] = run;
+        if (run != Sh::kPieces) __trap();
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < Sh::kPieces; i += kThreads) {
+        const int s = slot_at(i), k = i - first[s], p = count[s], n = st[s + 1] - st[s];
+        len[i] = n > k ? (n - k + p - 1) / p : 0;
+      }
+      __syncthreads();
+      for (int i = threadIdx.x; i < Sh::kPieces; i += kThreads) {
+        const int li = len[i];
+        int q = 0;  // rank: longest first, then in order (a slot's pieces on adjacent lanes)
+        for (int j = 0; j < Sh::kPieces; ++j) q += len[j] > li || (len[j] == li && j < i) ? 1 : 0;
+        const int s = slot_at(i), r = q / 32, l = q % 32, kk = r / kWarps, wi = r % kWarps;
+        const int at = (c * kWarps + ((c * Sh::kRounds + kk) % 2 ? kWarps - 1 - wi : wi)) * Sh::kRounds + kk;
+        slot_of[32 * at + l] = (uint32_t)s;
+        piece[32 * at + l] = (uint32_t)(i - first[s]);
+        if (l == 0) ends[at] = li;
+      }
+      for (int s = threadIdx.x; s < Sh::kSlots; s += kThreads) pieces[c * Sh::kSlots + s] = (uint32_t)count[s];
+      __syncthreads();
+      // each lane's run of lanes with its slot in its round (pieces of one slot and length are
+      // adjacent): its first lane, and whether it is the last (`product` sums a run, then adds)
+      for (int i = threadIdx.x; i < Sh::kPieces; i += kThreads) {
+        uint32_t* const round = slot_of + 32 * (c * kWarps * Sh::kRounds) + (i & ~31);
+        const int l = i & 31;
+        const uint32_t s = __ldcg(round + l) & 0xffffu;
+        int head = l;
+        while (head > 0 && (__ldcg(round + head - 1) & 0xffffu) == s) --head;
+        const bool last = l == 31 || (__ldcg(round + l + 1) & 0xffffu) != s;
+        round[l] = s | (uint32_t)head << 16 | (last ? 1u << 21 : 0u);  // its slot stays: others read it now
+      }
+      __syncthreads();
+    }
+    for (int i = threadIdx.x; i < Sh::kChunks * kWarps; i += kThreads) {
+      int run = 0;
+      for (int kk = 0; kk < Sh::kRounds; ++kk) {
+        run += ends[i * Sh::kRounds + kk];
+        if (run <= Sh::kRegBlocks) run = (run + kBlock - 1) / kBlock * kBlock;  // whole register blocks
+        ends[i * Sh::kRounds + kk] = run;
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int run = 0;
+      for (int i = 0; i < Sh::kChunks * kWarps; ++i) {
+        shift[i] = run;
+        run += 32 * max(0, ends[(i + 1) * Sh::kRounds - 1] - Sh::kRegSteps);
+      }
+      if (run > Sh::kCap) __trap();  // the host checked the mask's pieces against the capacity
+    }
+    __syncthreads();
+    uint32_t* const ent = reinterpret_cast<uint32_t*>(smem);
+    const uint32_t* const found = scratch + Sh::kScrEntries;
+    uint32_t* const staging = scratch;
+    for (int c = 0; c < Sh::kChunks; ++c) {
+      const int cw = c * kWarps + warp;
+      int j = 0;  // the warp's step
+      for (int kk = 0; kk < Sh::kRounds; ++kk) {
+        const int at = cw * Sh::kRounds + kk, s = (int)(__ldcg(slot_of + 32 * at + lane) & 0xffffu);
+        const int k = (int)__ldcg(piece + 32 * at + lane);
+        const int p = (int)__ldcg(pieces + c * Sh::kSlots + s), base = start[c * Sh::kSlots + s];
+        const uint32_t* const groups = scratch + Sh::kScrGroups + (c * Sh::kSlots + s) * kBanks;
+        int next[kBanks], bound[kBanks];  // per group: the piece's next entry, the group's end
+        unsigned live = 0;                // the groups the piece has entries left in
+        int a = 0;
+#pragma unroll
+        for (int g = 0; g < kBanks; ++g) {
+          const int b = a + (int)__ldcg(groups + g);
+          next[g] = k + (a > k ? (a - k + p - 1) / p : 0) * p;
+          bound[g] = b;
+          if (next[g] < b) live |= 1u << g;
+          a = b;
+        }
+        for (const int j0 = j, end = ends[at]; j < end; ++j) {
+          uint32_t e = 0u;
+          if (live) {
+            const int from = (j - j0 + lane) % kBanks;
+            const unsigned turned = ((live >> from) | (live << (kBanks - from))) & ((1u << kBanks) - 1u);
+            const int g = (from + __ffs(turned) - 1) % kBanks;
+            int idx = 0;
+#pragma unroll
+            for (int h = 0; h < kBanks; ++h)
+              if (h == g) {
+                idx = next[h];
+                next[h] += p;
+                if (next[h] >= bound[h]) live &= ~(1u << h);
+              }
+            e = __ldcg(found + base + idx);
+          }
+          if (j < Sh::kRegSteps)
+            staging[(cw * Sh::kRegSteps + j) * 32 + lane] = e;
+          else
+            ent[shift[cw] + (j - Sh::kRegSteps) * 32 + lane] = e;
+        }
+      }
+    }
+    if constexpr (Sh::kRegs > 0) {
+#pragma unroll
+      for (int c = 0; c < Sh::kChunks; ++c)
+#pragma unroll
+        for (int j = 0; j < Sh::kRegSteps; ++j) re[c * Sh::kRegSteps + j] = staging[((c * kWarps + warp) * Sh::kRegSteps + j) * 32 + lane];
     }
     __syncthreads();
   }
@@ -353,171 +490,102 @@ struct Kernels : MmaCommon<C> {
     }
   }
 
-  // A warp's sums of slot s (kNB per lane) into the block's: a butterfly whose first log2 kNB
-  // steps each halve the rows a lane holds (so a lane ends with one row, summed over its
-  // partners), then sums over the rest of the lanes; one lane per row adds it in, with a plain
-  // read and write where the warp holds the whole slot (`whole`), else atomically (a slot split
-  // between warps: at most the first and the last of a warp's). Shared-memory float atomics
-  // retry on a conflict: four lanes a row adding partial sums would slow the product down.
-  static __device__ __forceinline__ void flush(float* sums, const int s, float (&acc)[kNB], const bool whole) {
-    const int lane = threadIdx.x & 31;
-    int row = 0;
-#pragma unroll
-    for (int n = kNB, m = 16; n > 1; n >>= 1, m >>= 1) {
-      const bool up = (lane & m) != 0;
-#pragma unroll
-      for (int i = 0; i < n / 2; ++i) {
-        const float send = up ? acc[i] : acc[i + n / 2], keep = up ? acc[i + n / 2] : acc[i];
-        acc[i] = keep + __shfl_xor_sync(0xffffffffu, send, m);
-      }
-      row = 2 * row + (up ? 1 : 0);
-    }
-#pragma unroll
-    for (int m = 16 / kNB; m > 0; m >>= 1) acc[0] += __shfl_xor_sync(0xffffffffu, acc[0], m);
-    if ((lane & (32 / kNB - 1)) == 0) {
-      float* const sum = sums + s * kNB + row;
-      if (whole)
-        *sum += acc[0];
-      else
-        atomicAdd(sum, acc[0]);
-    }
-  }
-
-  // The register part of a warp's range of chunk c, [lo, lo + 32 kRegSteps) (an even share of
-  // the chunk's entries, [lo, hi)): steps of 32 adjacent entries, lane l taking entry base + l,
-  // in blocks of kBlock steps whose operand loads go out at once. A block inside one slot's
-  // part adds into the lanes' sums without a bound; one where a part ends (or the range) adds
-  // each lane's entry into its own slot's sums, a slot at a time, flushing each finished part
-  // (plainly where it is the whole slot, else atomically). The cursor: slot s, its part
-  // [plo, end) in the range. Blocks of 4 steps: where a slot's part is about 8 steps (5280
-  // units, 10 %), nearly every block of 8 would hold a part's end; blocks of 2 hide too little
-  // latency (benchmarks/results/sparse-ab-h100-2026-11-27.txt).
-  struct Cursor {
-    int s, plo, end, hi;
-    float acc[kNB];
-  };
-  static constexpr int kBlock = 4;
-
-  template <typename T>
-  static __device__ __forceinline__ void step_at_ends(const int* start, float* sums, Cursor& k, const int base,
-                                                      const uint32_t w, const Vec& h) {
-    const int e = base + (threadIdx.x & 31);
-    for (;;) {  // uniform
-      if (e >= k.plo && e < k.end) fma_entry<T>(w, h, k.acc);
-      if (k.end > base + 32) break;  // the part goes on past this step
-      flush(sums, k.s, k.acc, k.plo == start[k.s] && k.end == start[k.s + 1]);
-#pragma unroll
-      for (int b = 0; b < kNB; ++b) k.acc[b] = 0.0f;
-      if (k.end >= k.hi) break;  // the range's end
-      ++k.s;
-      while (start[k.s + 1] <= k.end) ++k.s;  // past empty slots
-      k.plo = k.end;
-      k.end = min(k.hi, start[k.s + 1]);
-      if (k.plo >= base + 32) break;  // the next part starts with the next step
-    }
-  }
+  // Warp `warp`'s entries of chunk c (the operand staged) into the slots' sums: its rounds
+  // (`distribute`), in blocks of kBlock steps, first those with register entries (constant
+  // indices; a round that ends among them is whole blocks; the steps alternating between two
+  // sums: two chains of adds), then the shared ones (a round's last block may be shorter).
+  // At a round's end a lane adds its sums into its piece's slot's (atomically: a slot's pieces
+  // run on several lanes and warps).
 
   template <typename T, bool Fw>
-  static __device__ __forceinline__ void register_steps(const uint32_t op, const int* start, float* sums, Cursor& k, const int lo,
-                                                        const int c, const uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
-    using Sh = Shape<Fw>;
-    float odd[kNB];  // the odd steps' sums of a block inside one part: two chains of adds
-#pragma unroll
-    for (int b = 0; b < kNB; ++b) odd[b] = 0.0f;
-#pragma unroll
-    for (int j0 = 0; j0 < Sh::kRegSteps; j0 += kBlock) {
-      const int base = lo + 32 * j0;
-      if (base >= k.hi) break;  // uniform
-      const int n = Sh::kRegSteps - j0 < kBlock ? Sh::kRegSteps - j0 : kBlock;  // constant once unrolled
-      Vec h[kBlock];
-#pragma unroll
-      for (int j = 0; j < kBlock; ++j)
-        if (j < n) h[j] = load_column(op, re[c * Sh::kRegSteps + j0 + j]);
-      if (base + 32 * n < k.end) {  // the block inside one part, which goes on past it
-#pragma unroll
-        for (int j = 0; j < kBlock; ++j)
-          if (j < n) fma_entry<T>(re[c * Sh::kRegSteps + j0 + j], h[j], j % 2 ? odd : k.acc);
-      } else {  // one copy of the slow step a block (code size: the blocks are unrolled), its
-                // entry picked by selects rather than by a dynamic index
-#pragma unroll
-        for (int b = 0; b < kNB; ++b) {
-          k.acc[b] += odd[b];
-          odd[b] = 0.0f;
-        }
-#pragma unroll 1
-        for (int j = 0; j < n && base + 32 * j < k.hi; ++j) {
-          uint32_t w = re[c * Sh::kRegSteps + j0];
-#pragma unroll
-          for (int i = 1; i < kBlock; ++i)
-            if (i < n && i == j) w = re[c * Sh::kRegSteps + j0 + i];
-          step_at_ends<T>(start, sums, k, base + 32 * j, w, load_column(op, w));
-        }
-      }
-    }
-#pragma unroll
-    for (int b = 0; b < kNB; ++b) k.acc[b] += odd[b];
-  }
-
-  // Warp `warp`'s entries of chunk c (the operand staged) into the slots' sums: its register
-  // steps (above), then its shared part, where a lane takes every 32nd entry of a slot's part,
-  // kUnroll loads in flight; only a part's last 32 kUnroll or fewer take a bound.
-  template <typename T, bool Fw>
-  static __device__ __forceinline__ void product(unsigned char* smem, const int c, const uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
+  static __device__ __forceinline__ void product(unsigned char* smem, const uint32_t* scratch, const int c,
+                                                 const uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
     using Sh = Shape<Fw>;
     const Vec* const op = reinterpret_cast<const Vec*>(smem + Sh::kOperand);
     float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
-    const int* const start = reinterpret_cast<const int*>(smem + Sh::kStart) + c * Sh::kSlots;  // slot s: [start[s], start[s + 1])
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    int lo = warp_start<Fw>(start, warp);
-    const int hi = warp_start<Fw>(start, warp + 1);
-    int s = reinterpret_cast<const int*>(smem + Sh::kFirst)[c * kWarps + warp];
+    const int lane = threadIdx.x & 31, cw = c * kWarps + (threadIdx.x >> 5);
+    const int* const ends = reinterpret_cast<const int*>(smem + Sh::kEnds) + cw * Sh::kRounds;
+    const uint32_t* const slot_of = scratch + Sh::kScrSlot + 32 * cw * Sh::kRounds + lane;
+    const int steps = ends[Sh::kRounds - 1];
+    int round = 0, end = ends[0], slot = (int)__ldcg(slot_of);
+    float acc[kNB], odd[kNB];
+#pragma unroll
+    for (int b = 0; b < kNB; ++b) acc[b] = odd[b] = 0.0f;
+    // A round's end: each run of lanes with one slot sums its lanes' sums (a segmented scan,
+    // as far as the longest run needs), and its last lane adds them into the slot's, atomically
+    // (other warps' runs of the slot may add at once). Shared-memory float atomics queue on one
+    // address: a lane each would slow the step down several times over.
+    auto finish = [&]() {  // uniform
+      const int head = slot >> 16 & 31, span = __reduce_max_sync(0xffffffffu, lane - head + 1);
+#pragma unroll
+      for (int b = 0; b < kNB; ++b) acc[b] += odd[b];
+      for (int d = 1; d < span; d <<= 1) {
+#pragma unroll
+        for (int b = 0; b < kNB; ++b) {
+          const float up = __shfl_up_sync(0xffffffffu, acc[b], d);
+          if (lane - d >= head) acc[b] += up;
+        }
+      }
+      if (slot & 1 << 21) {
+#pragma unroll
+        for (int b = 0; b < kNB; ++b) atomicAdd(sums + (slot & 0xffff) * kNB + b, acc[b]);
+      }
+#pragma unroll
+      for (int b = 0; b < kNB; ++b) acc[b] = odd[b] = 0.0f;
+      ++round;
+      end = -1;
+      if (round < Sh::kRounds) {
+        end = ends[round];
+        slot = (int)__ldcg(slot_of + 32 * round);
+      }
+    };
+    const uint32_t* const ent = reinterpret_cast<const uint32_t*>(smem) + reinterpret_cast<const int*>(smem + Sh::kShift)[cw] + lane;
+    // entry i of the block at step j (j + i >= kRegSteps)
+    auto shared_entry = [&](const int j, const int i) { return ent[32 * (j + i - Sh::kRegSteps)]; };
+    constexpr int kWhole = Sh::kRegSteps / kBlock * kBlock, kMixed = Sh::kRegSteps - kWhole;
     if constexpr (Sh::kRegSteps > 0) {
-      if (lo >= hi) return;  // uniform: no entries
-      Cursor k;
-      k.s = s;
-      k.plo = lo;
-      k.hi = hi;
-      k.end = min(hi, start[s + 1]);
+      const uint32_t opa = (uint32_t)__cvta_generic_to_shared(op);
 #pragma unroll
-      for (int b = 0; b < kNB; ++b) k.acc[b] = 0.0f;
-      register_steps<T, Fw>((uint32_t)__cvta_generic_to_shared(op), start, sums, k, lo, c, re);
-      lo = min(hi, lo + 32 * Sh::kRegSteps);
-      if (lo >= hi) return;  // the last step flushed
-      if (lo > k.plo) flush(sums, k.s, k.acc, false);  // a part the shared entries go on with
-      s = k.s;
+      for (int j0 = 0; j0 < kWhole; j0 += kBlock) {
+        if (j0 >= steps) break;  // uniform
+        Vec h[kBlock];
+#pragma unroll
+        for (int j = 0; j < kBlock; ++j) h[j] = load_column(opa, re[c * Sh::kRegSteps + j0 + j]);
+#pragma unroll
+        for (int j = 0; j < kBlock; ++j) fma_entry<T>(re[c * Sh::kRegSteps + j0 + j], h[j], j % 2 ? odd : acc);
+        if (j0 + kBlock == end) finish();
+      }
+      if constexpr (kMixed > 0) {  // a block of the last register steps and the first shared ones
+        if (kWhole < steps) {
+          uint32_t w[kBlock];
+          Vec h[kBlock];
+#pragma unroll
+          for (int i = 0; i < kBlock; ++i) w[i] = i < kMixed ? re[c * Sh::kRegSteps + kWhole + i] : shared_entry(kWhole, i);
+#pragma unroll
+          for (int i = 0; i < kBlock; ++i) h[i] = load_column(opa, w[i]);
+#pragma unroll
+          for (int i = 0; i < kBlock; ++i) fma_entry<T>(w[i], h[i], i % 2 ? odd : acc);
+          if (kWhole + kBlock == end) finish();
+        }
+      }
     }
-    const uint32_t* const ent = reinterpret_cast<const uint32_t*>(smem) - reinterpret_cast<const int*>(smem + Sh::kShift)[c * kWarps + warp];
-    constexpr int kUnroll = kNB == 4 ? 4 : 2;  // 16-byte operand loads at 8 rows: fewer in flight
-    for (; lo < hi; ++s) {
-      const int end = min(hi, start[s + 1]);
-      if (lo == end) continue;  // an empty slot
-      const bool whole = lo == start[s] && end == start[s + 1];
-      float acc[kNB];
+    // a block's shared steps, kInFlight loads at a time (16-byte loads at 8 rows: fewer)
+    constexpr int kInFlight = kNB == 4 ? kBlock : kBlock / 2;
+    for (int j = Sh::kRegBlocks; j < steps;) {
+      const int n = min(kBlock, end - j);  // a round's last block may be shorter
 #pragma unroll
-      for (int b = 0; b < kNB; ++b) acc[b] = 0.0f;
-      int e = lo + lane;
-      for (; lo + 32 * kUnroll <= end; lo += 32 * kUnroll, e += 32 * kUnroll) {
-        uint32_t w[kUnroll];
-        Vec h[kUnroll];
+      for (int i0 = 0; i0 < kBlock; i0 += kInFlight) {
+        uint32_t w[kInFlight];
+        Vec h[kInFlight];
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) w[j] = ent[e + 32 * j];
+        for (int i = 0; i < kInFlight; ++i) w[i] = n == kBlock || i0 + i < n ? shared_entry(j, i0 + i) : 0u;
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) h[j] = op[w[j] & 0xffffu];
+        for (int i = 0; i < kInFlight; ++i) h[i] = op[w[i] & 0xffffu];
 #pragma unroll
-        for (int j = 0; j < kUnroll; ++j) fma_entry<T>(w[j], h[j], acc);
+        for (int i = 0; i < kInFlight; ++i) fma_entry<T>(w[i], h[i], acc);
       }
-      if (lo < end) {  // the last 32 kUnroll or fewer: value 0, column 0 past the end
-        uint32_t w[kUnroll];
-        Vec h[kUnroll];
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) w[j] = e + 32 * j < end ? ent[e + 32 * j] : 0u;
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) h[j] = op[w[j] & 0xffffu];
-#pragma unroll
-        for (int j = 0; j < kUnroll; ++j) fma_entry<T>(w[j], h[j], acc);
-      }
-      flush(sums, s, acc, whole);
-      lo = end;
+      j += n;
+      if (j == end) finish();
     }
   }
 
@@ -594,7 +662,7 @@ struct Kernels : MmaCommon<C> {
         stage<true>(smem, ex.slot(t), k);
         __syncthreads();
         RNNCC_TRACE(2)
-        product<T, true>(smem, k, re);
+        product<T, true>(smem, scratch, k, re);
         __syncthreads();
         RNNCC_TRACE(3)
       }
@@ -762,7 +830,7 @@ struct Kernels : MmaCommon<C> {
         stage<false>(smem, ex.slot(t), k);
         __syncthreads();
         RNNCC_TRACE(5)
-        product<T, false>(smem, k, re);
+        product<T, false>(smem, scratch, k, re);
         __syncthreads();
         RNNCC_TRACE(6)
       }

@@ -61,6 +61,7 @@ from rnncc.runtime.validate import Sizes, validate, validate_lengths, validate_r
 if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
     from rnncc.runtime.kernels import KernelOps
     from rnncc.tiling import HardwareCaps, Plan
+    from rnncc.variants.pieces import SlotCounts
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
 #: The CUDA backends' storage dtypes, as the planner spells them.
@@ -404,17 +405,17 @@ class CompiledCell:
         sizes: Sizes,
         backend: str,
         timeline: bool = False,
-        density: float | tuple[float, float] = 1.0,
+        density: float | tuple[float, float, SlotCounts | None] = 1.0,
     ) -> Plan:
         """The plan of a call: solved on first use and kept (a device without an index, "the
         current device", is solved for each time). ``density``: R's kept fraction, or a mask's
-        (strip, piece) densities (``_density``)."""
+        (strip, piece) densities and slot counts (``_density``)."""
         B, _, NH, D = sizes
-        strip, piece = density if isinstance(density, tuple) else (density, density)
+        strip, piece, counts = density if isinstance(density, tuple) else (density, density, None)
         strip, piece = (
             min(1.0, math.ceil(d * 4096) / 4096) for d in (strip, piece)
         )  # masks of about one density share it
-        key = (device, dtype, B, NH, D, backend, timeline, strip, piece)
+        key = (device, dtype, B, NH, D, backend, timeline, strip, piece, counts and counts.key)
         plan = self._plans.get(key)
         if plan is not None:
             return plan
@@ -430,6 +431,7 @@ class CompiledCell:
             timeline=timeline,
             density=strip,
             piece_density=piece,
+            slot_counts=counts,
         )
         variants = {
             "auto": VARIANTS,
@@ -466,17 +468,18 @@ class CompiledCell:
 
     def _given(
         self, density: float, mask: torch.Tensor | None, device: torch.device, D: int
-    ) -> float | tuple[float, float]:
+    ) -> float | tuple[float, float, SlotCounts | None]:
         """What ``plan`` and ``prepare`` plan for: ``mask``'s densities, else ``density``."""
         return density if mask is None else self._density(mask, device, D)
 
     def _density(
         self, mask: torch.Tensor | None, device: torch.device, D: int
-    ) -> tuple[float, float]:
+    ) -> tuple[float, float, SlotCounts | None]:
         """The kept fractions of ``mask``'s fullest strip and piece of the sparse kernel's
-        blocks on ``device`` (``rnncc.runtime.sparsity``; 1.0 without a mask)."""
+        blocks on ``device`` and its slot counts (``rnncc.runtime.sparsity``; 1.0 and None
+        without a mask)."""
         if mask is None:
-            return 1.0, 1.0
+            return 1.0, 1.0, None
         from rnncc.variants.grid_sparse import block_units
 
         return self._densities(mask, block_units(D, self._caps(device).sm_count))

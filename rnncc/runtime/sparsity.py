@@ -3,9 +3,10 @@
 A mask is a bool tensor of R's shape ``[Gr, NH, D, D]`` (True: kept). A cell call with
 ``mask=`` runs ``R * mask``: the dropped entries are zeros of R, R's gradient is zero there,
 and on CUDA the sparse kernel (``grid_sparse``) keeps only the non-zeros on chip. The planner
-needs two numbers of a mask: the kept fraction of its fullest strip of ``units`` units, over
-the rows of R those units own (forward) and over their columns (backward), and of its fullest
-piece of a strip (``piece_density``); they are computed on the device once per mask (and again
+needs to know of a mask: the kept fraction of its fullest strip of ``units`` units, over the
+rows of R those units own (forward) and over their columns (backward), of its fullest piece of
+a strip (``piece_density``), and its entries per block, chunk and slot (``slot_counts``: the
+kernels' layout of them, exactly); they are computed on the device once per mask (and again
 after the mask changes in place).
 
 ``magnitude_mask(R, density)``: the mask keeping the ``density`` largest-magnitude entries of
@@ -15,6 +16,7 @@ dense form and its stored entries as the mask.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import weakref
 from typing import Any
@@ -22,6 +24,7 @@ from typing import Any
 import torch
 
 from rnncc.runtime.validate import _shape
+from rnncc.variants.pieces import SlotCounts
 
 
 def validate_mask(mask: object, R: torch.Tensor | None) -> torch.Tensor:
@@ -142,6 +145,21 @@ def _fullest(rows: torch.Tensor, cols: torch.Tensor, units: int) -> tuple[float,
     return strip, max(fw, bw)
 
 
+def slot_counts(mask: torch.Tensor, units: int) -> SlotCounts:
+    """``mask``'s kept entries per (block of ``units`` units, finest chunk, slot), as the sparse
+    kernels' prologue counts them (``rnncc.variants.pieces.SlotCounts``)."""
+    rows, cols = _strips(mask, units)
+    G, NH, blocks, _, D = rows.shape
+    halves = 2 if D % 2 == 0 else 1
+    fw = rows.view(G, NH, blocks, units, halves, D // halves).sum(5)  # [G, NH, blocks, units, half]
+    fw = fw.permute(1, 2, 4, 0, 3).reshape(NH * blocks, halves, G * units)
+    bw = cols.view(G, NH, halves, D // halves, blocks, units).sum(3)  # [G, NH, half, blocks, units]
+    bw = bw.permute(1, 3, 0, 2, 4).reshape(NH * blocks, G, halves, units)
+    fw_np, bw_np = (t.to(device="cpu", dtype=torch.int64).numpy() for t in (fw, bw))
+    key = hashlib.blake2b(fw_np.tobytes() + bw_np.tobytes(), digest_size=16).hexdigest()
+    return SlotCounts(units, fw_np, bw_np, key)
+
+
 def strip_density(mask: torch.Tensor, units: int) -> float:
     """The kept fraction of ``mask``'s fullest strip: blocks of ``units`` units (the last one
     padded), each owning R's rows of its units over every gate (forward) and R's columns of its
@@ -160,23 +178,27 @@ def piece_density(mask: torch.Tensor, units: int) -> float:
 
 
 class StripDensities:
-    """``strip_density`` and ``piece_density`` of the masks a cell is called with, kept while
-    each mask lives and until it changes in place (its version counter moves). Keyed by
-    identity: a tensor's ``==`` is elementwise, so no mapping may compare masks."""
+    """``strip_density``, ``piece_density`` and ``slot_counts`` of the masks a cell is called
+    with, kept while each mask lives and until it changes in place (its version counter moves).
+    Keyed by identity: a tensor's ``==`` is elementwise, so no mapping may compare masks."""
 
     KEPT = 64  # entries past which those of masks no longer alive are dropped
 
     def __init__(self) -> None:
-        self._kept: dict[int, tuple[weakref.ref[torch.Tensor], int, int, tuple[float, float]]] = {}
+        self._kept: dict[
+            int, tuple[weakref.ref[torch.Tensor], int, int, tuple[float, float, SlotCounts]]
+        ] = {}
 
-    def __call__(self, mask: torch.Tensor, units: int) -> tuple[float, float]:
-        """(strip density, piece density) of ``mask`` for blocks of ``units`` units."""
+    def __call__(self, mask: torch.Tensor, units: int) -> tuple[float, float, SlotCounts]:
+        """(strip density, piece density, slot counts) of ``mask`` for blocks of ``units``
+        units."""
         found = self._kept.get(id(mask))
         version = mask._version
         if found is not None and found[0]() is mask and found[1:3] == (version, units):
             return found[3]
         strip, piece = _fullest(*_strips(mask, units), units)
-        densities = (strip, max(strip, piece))  # equal fractions may round apart
+        # equal fractions may round apart
+        densities = (strip, max(strip, piece), slot_counts(mask, units))
         if len(self._kept) >= self.KEPT:
             self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
         self._kept[id(mask)] = (weakref.ref(mask), version, units, densities)

@@ -16,10 +16,14 @@ forward's).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rnncc.variants.pieces import SlotCounts
 
 DTYPES: dict[str, int] = {"fp32": 4, "fp16": 2, "bf16": 2}  # storage dtype → bytes
 
@@ -50,6 +54,10 @@ class Problem:
     # the same in the fullest piece (half of a strip, by the chunks the sparse kernels stage the
     # operand in: ``rnncc.runtime.sparsity.piece_density``); None: ``density``
     piece_density: float | None = None
+    # a mask's entries per (block, chunk, slot) (``rnncc.runtime.sparsity.slot_counts``): the
+    # sparse kernels' layout of exactly these (``rnncc.variants.pieces``); None: the densities
+    # bound it. Not part of a problem's identity (its densities are).
+    slot_counts: SlotCounts | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for field in ("heads", "head_dim", "batch", "n_states"):
@@ -105,7 +113,7 @@ class Problem:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+        return {k: getattr(self, k) for k in self.__dataclass_fields__ if k != "slot_counts"}
 
     @classmethod
     def from_cell(
@@ -120,6 +128,7 @@ class Problem:
         timeline: bool = False,
         density: float = 1.0,
         piece_density: float | None = None,
+        slot_counts: SlotCounts | None = None,
     ) -> Problem:
         """The problem of an IR cell at the given sizes.
 
@@ -147,6 +156,7 @@ class Problem:
             timeline=timeline,
             density=density,
             piece_density=piece_density,
+            slot_counts=slot_counts,
         )
 
 

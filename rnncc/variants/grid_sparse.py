@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from rnncc.variants import pieces
 from rnncc.variants.base import Constraint, Cost, KernelLaunch, Launch, Point, Variant, cdiv
 from rnncc.variants.grid_mma import LIBRARY_SMEM, smem_limit
 
@@ -40,6 +41,12 @@ THREADS = 512
 #: (ptxas keeps every example's kernels under the register limit, no spills, at these).
 REG_THREADS = 256
 REG_ENTRIES = {4: 144, 8: 128}
+#: Pieces a slot's entries are cut into, at least, over a step's chunks (``rounds``): LSTM and
+#: GRU at 2304-5280 units, 10-60 %, on an H100 (benchmarks/results/sparse-pieces-h100-2026-11-27.txt).
+PIECES_PER_SLOT = 6
+#: The pieces' padding a plan without a mask's slot counts allows for (rounds as long as their
+#: longest piece): 0.2-1 % in the layouts of random masks at 2304 and 5280 units, 10-45 %.
+PIECE_PADDING = 0.02
 #: SMs of the device a library is built for when the plan names none (an H100 SXM's).
 DEFAULT_SMS = 132
 #: The cost model's fits to the kernels' times on an H100 (T = 1024, B = 4, LSTM and GRU at
@@ -89,6 +96,7 @@ class Side:
     gates: int
     split: int
     reg_steps: int
+    rounds: int
     entries: int
     smem: int
 
@@ -97,21 +105,33 @@ def _chunks(p: Problem, backward: bool, gates: int, split: int) -> int:
     return (max(p.gates_r, 1) // gates if backward else 1) * split
 
 
+def _slots(p: Problem, units: int, backward: bool) -> int:
+    return units if backward else max(p.gates_r, 1) * units
+
+
+def rounds(p: Problem, units: int, backward: bool, threads: int, chunks: int) -> int:
+    """Rounds of 32 pieces a warp runs per chunk: the fewest that give each slot
+    ``PIECES_PER_SLOT`` pieces or more over a step's chunks. A slot's pieces are about
+    ``1 / pieces`` of its entries long, so with few a slot the rounds' lengths differ and some
+    warp runs longer than the rest; with many they are short, and a lane's entries spread over
+    fewer bank groups at a time (more wavefronts a step)."""
+    return cdiv(PIECES_PER_SLOT * _slots(p, units, backward), chunks * threads)
+
+
 def _fixed_bytes(
     p: Problem, units: int, backward: bool, gates: int, split: int, threads: int
 ) -> int:
     """Shared memory besides the entries (the kernel's ``Shape``): the operand's chunk (h, or
     ``gates`` gates' rows of dg, or 1 / ``split`` of either: columns x rows, 16-bit), the
-    slots' float sums, the entries' start per (chunk, slot), each warp's first slot and the
-    shift of its shared entries per chunk, and the backward's biases and params of the block's
-    units."""
-    gr = max(p.gates_r, 1)
-    slots = units if backward else gr * units
+    slots' float sums, the entries' start per (chunk, slot), each (chunk, warp, round)'s end,
+    each (chunk, warp)'s first shared entry, and the backward's biases and params of the
+    block's units."""
+    slots = _slots(p, units, backward)
     chunks = _chunks(p, backward, gates, split)
     cols = (gates * p.head_dim if backward else p.head_dim) // split
-    nb = rows(p)
+    nb, warps, r = rows(p), threads // 32, rounds(p, units, backward, threads, chunks)
     fixed = 2 * cols * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
-    fixed += 2 * 4 * chunks * (threads // 32)
+    fixed += 4 * chunks * warps * r + 4 * chunks * warps
     if backward:
         fixed += 4 * (max(p.gates_b, 1) + max(p.n_params, 1)) * units
     return fixed
@@ -134,17 +154,19 @@ def strip_entries(p: Problem, units: int) -> int:
 def shared_entries(
     p: Problem, units: int, backward: bool, gates: int, split: int, threads: int, reg_steps: int
 ) -> int:
-    """The most entries a block keeps in shared memory: all of its strip's, or, with register
-    steps, each chunk's beyond what its warps hold in registers. A chunk's entries are at most
-    ``Problem.chunk_density`` of its positions (the mask's fullest piece: a chunk is one piece
-    or several), and each warp takes an even share of them."""
-    need = strip_entries(p, units)
-    if reg_steps == 0:
-        return need
+    """The most entries a block keeps in shared memory: each chunk's, laid out in rounds of
+    pieces, beyond what its warps hold in registers. Of a mask's slot counts exactly
+    (``pieces.shared_entries``: what the kernel's prologue will lay out); else a bound: a
+    chunk's entries are at most ``Problem.chunk_density`` of its positions (the mask's fullest
+    piece: a chunk is one piece or several), and its rounds pad them by ``PIECE_PADDING``."""
     chunks, warps = _chunks(p, backward, gates, split), threads // 32
+    r = rounds(p, units, backward, threads, chunks)
+    if p.slot_counts is not None and p.slot_counts.units == units:
+        counts = p.slot_counts.chunks(backward, gates, split)
+        return pieces.shared_entries(counts, warps, r, reg_steps)
     positions = (gates if backward else max(p.gates_r, 1)) * units * p.head_dim // split
-    share = cdiv(math.ceil(p.chunk_density * positions), warps)
-    return min(need, chunks * warps * max(0, share - 32 * reg_steps))
+    padded = math.ceil(math.ceil(p.chunk_density * positions) * (1 + PIECE_PADDING))
+    return chunks * max(0, padded - 32 * warps * reg_steps)
 
 
 def _side(
@@ -160,7 +182,8 @@ def _side(
     """The side with these chunks and register steps, its shared memory filled with entries."""
     room = capacity(p, units, backward, smem, gates, split, threads)
     fixed = _fixed_bytes(p, units, backward, gates, split, threads)
-    return Side(threads, gates, split, steps, room, 4 * room + fixed)
+    r = rounds(p, units, backward, threads, _chunks(p, backward, gates, split))
+    return Side(threads, gates, split, steps, r, room, 4 * room + fixed)
 
 
 def _splits(p: Problem) -> tuple[int, ...]:
@@ -208,10 +231,22 @@ def layout(p: Problem, units: int, smem: int) -> tuple[Side, Side] | None:
     return None
 
 
-def scratch_words(p: Problem, units: int) -> int:
-    """A block's scratch in the exchange buffer: its fullest strip's entries (32 bits each),
-    as the kernel's prologue finds them."""
-    return cdiv(strip_entries(p, units), 4) * 4
+def scratch_words(p: Problem, units: int, sides: tuple[Side, Side]) -> int:
+    """A block's scratch in the exchange buffer (the kernel's ``Shape``), the fuller side's: the
+    register steps on their way, each (chunk, slot)'s entries per bank group and its pieces,
+    each (chunk, warp, round, lane)'s piece and slot, then its fullest strip's entries (32 bits
+    each), as the prologue finds them."""
+    tables = 0
+    for backward, s in enumerate(sides):
+        chunks = _chunks(p, bool(backward), s.gates, s.split)
+        slots = _slots(p, units, bool(backward))
+        tables = max(
+            tables,
+            s.reg_steps * chunks * s.threads
+            + chunks * slots * (64 // rows(p) + 1)
+            + 2 * chunks * s.threads * s.rounds,
+        )
+    return cdiv(tables + strip_entries(p, units) + 1, 4) * 4
 
 
 def exchange_buffer_words(p: Problem, blocks: int, scratch: int) -> int:
@@ -331,7 +366,9 @@ class GridSparse(Variant):
             "bw_split": bw.split,
             "fw_reg_steps": fw.reg_steps,
             "bw_reg_steps": bw.reg_steps,
-            "scratch": scratch_words(p, units),
+            "fw_rounds": fw.rounds,
+            "bw_rounds": bw.rounds,
+            "scratch": scratch_words(p, units, (fw, bw)),
             "exchange_words": max(p.gates_r, 1) * p.head_dim,
         }
 
@@ -406,6 +443,8 @@ class GridSparse(Variant):
             ("int", "kBwSplit", build["bw_split"]),
             ("int", "kFwRegSteps", build["fw_reg_steps"]),
             ("int", "kBwRegSteps", build["bw_reg_steps"]),
+            ("int", "kFwRounds", build["fw_rounds"]),
+            ("int", "kBwRounds", build["bw_rounds"]),
             ("int", "kScratch", build["scratch"]),
         ]
         return render_fused(cell, bwd, self.name, build, traits, fast=True)
