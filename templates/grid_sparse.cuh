@@ -492,8 +492,9 @@ struct Kernels : MmaCommon<C> {
 
   // Warp `warp`'s entries of chunk c (the operand staged) into the slots' sums: its rounds
   // (`distribute`), in blocks of kBlock steps, first those with register entries (constant
-  // indices; a round that ends among them is whole blocks; the steps alternating between two
-  // sums: two chains of adds), then the shared ones (a round's last block may be shorter).
+  // indices; a round that ends among them is whole blocks), then the shared ones (a round's
+  // last block may be shorter), the steps alternating between two sums (two chains of adds;
+  // one at 8 rows, whose 8 sums are chains enough, and 128 registers a thread would spill).
   // At a round's end a lane adds its sums into its piece's slot's (atomically: a slot's pieces
   // run on several lanes and warps).
 
@@ -571,20 +572,27 @@ struct Kernels : MmaCommon<C> {
     }
     // a block's shared steps, kInFlight loads at a time (16-byte loads at 8 rows: fewer)
     constexpr int kInFlight = kNB == 4 ? kBlock : kBlock / 2;
-    for (int j = Sh::kRegBlocks; j < steps;) {
-      const int n = min(kBlock, end - j);  // a round's last block may be shorter
+    auto shared_block = [&](const int j, const int n) {  // steps j to j + n (n < kBlock: 0 past them)
 #pragma unroll
       for (int i0 = 0; i0 < kBlock; i0 += kInFlight) {
         uint32_t w[kInFlight];
         Vec h[kInFlight];
 #pragma unroll
-        for (int i = 0; i < kInFlight; ++i) w[i] = n == kBlock || i0 + i < n ? shared_entry(j, i0 + i) : 0u;
+        for (int i = 0; i < kInFlight; ++i) w[i] = i0 + i < n ? shared_entry(j, i0 + i) : 0u;
 #pragma unroll
         for (int i = 0; i < kInFlight; ++i) h[i] = op[w[i] & 0xffffu];
 #pragma unroll
-        for (int i = 0; i < kInFlight; ++i) fma_entry<T>(w[i], h[i], acc);
+        for (int i = 0; i < kInFlight; ++i) fma_entry<T>(w[i], h[i], kNB == 4 && (i0 + i) % 2 ? odd : acc);
       }
-      j += n;
+    };
+    for (int j = Sh::kRegBlocks; j < steps;) {
+      if (j + kBlock <= end) {
+        shared_block(j, kBlock);  // a constant bound: no selects
+        j += kBlock;
+      } else {  // a round's last steps
+        shared_block(j, end - j);
+        j = end;
+      }
       if (j == end) finish();
     }
   }
