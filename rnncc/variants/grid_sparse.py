@@ -65,7 +65,10 @@ BACKWARD_CHUNK_US_PER_UNIT = 0.3e-3
 #: A layout with entries in registers (8 warps a block: less latency hidden, and unrolled code
 #: for the register steps) against the shared-memory model above, forward and backward: fits to
 #: the LSTM at 2304 units, 45 %, and at 5280 units, 10 % on an H100
-#: (benchmarks/results/sparse-ab-h100-2026-11-27.txt).
+#: (benchmarks/results/sparse-ab-h100-2026-11-27.txt). These constants were fit before the
+#: entries were laid out in pieces (no slot ends inside a warp's steps): the model now predicts
+#: 31.5 µs a forward step at 5280 units where the kernel runs 22.6, and 14.5 at 45 % where it
+#: runs 14.9 (benchmarks/results/sparse-pieces-h100-2026-11-27.txt); not refit yet.
 REG_LAYOUT_FW = 1.5
 REG_LAYOUT_BW = 1.8
 
