@@ -6,14 +6,14 @@ for the whole sequence, 32 bits each (the 16-bit value and its column): in share
 where that alone cannot hold them, part in its lanes' registers as well (``REG_THREADS``
 threads of ``REG_ENTRIES`` entries each). The forward's strip is R's rows of the block's units
 (all gates), the backward's R's columns of them (all gate rows). The kernel finds them itself
-before the first step (zeros of R are skipped, so a mask's dropped entries cost nothing), so
-the plan needs only two numbers of the mask to know they fit: the kept fraction of its fullest
-strip (``Problem.density``) and of its fullest piece (``Problem.piece_density``: the halves the
-operand is staged in; registers hold an even share of each chunk). A step stages h (or dg,
-whole or a gate's rows at a time; either in halves where the entries fit only beside half) in
-shared memory and runs the entries on the CUDA cores (fp32 sums), a warp per even share of
-them; h and dg go through an exchange buffer behind a counter per (head, batch chunk), as on
-``grid_mma``. Every block of a launch is resident at once (a cooperative launch); (head, chunk)
+before the first step (zeros of R are skipped, so a mask's dropped entries cost nothing) and
+cuts each slot's into pieces that a lane runs whole, 32 pieces a warp's round (``pieces``). The
+plan counts the shared memory that takes from the mask's entries per block, chunk and slot
+(``Problem.slot_counts``) exactly, or bounds it from the kept fraction of the mask's fullest
+strip (``Problem.density``) and of its fullest half strip (``Problem.piece_density``). A step
+stages h (or dg, whole or a gate's rows at a time; either in halves where the entries fit only
+beside half) in shared memory and runs the entries on the CUDA cores (fp32 sums); h and dg go
+through an exchange buffer behind a counter per (head, batch chunk), as on ``grid_mma``. Every block of a launch is resident at once (a cooperative launch); (head, chunk)
 pairs beyond the SMs run in further launches. Full-length sequences in one direction only
 (``lengths=`` and ``reverse=`` take the dense variants).
 """
