@@ -56,7 +56,7 @@ class Problem:
     piece_density: float | None = None
     # a mask's entries per (block, chunk, slot) (``rnncc.runtime.sparsity.slot_counts``): the
     # sparse kernels' layout of exactly these (``rnncc.variants.pieces``); None: the densities
-    # bound it. Not part of a problem's identity (its densities are).
+    # estimate it. Not part of a problem's identity (its densities are).
     slot_counts: SlotCounts | None = dataclasses.field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:

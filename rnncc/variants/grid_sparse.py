@@ -159,9 +159,11 @@ def shared_entries(
 ) -> int:
     """The most entries a block keeps in shared memory: each chunk's, laid out in rounds of
     pieces, beyond what its warps hold in registers. Of a mask's slot counts exactly
-    (``pieces.shared_entries``: what the kernel's prologue will lay out); else a bound: a
+    (``pieces.shared_entries``: what the kernel's prologue will lay out); else an estimate: a
     chunk's entries are at most ``Problem.chunk_density`` of its positions (the mask's fullest
-    piece: a chunk is one piece or several), and its rounds pad them by ``PIECE_PADDING``."""
+    piece: a chunk is one piece or several), and its rounds pad them by ``PIECE_PADDING`` (a
+    few per cent at the sizes that fill shared memory; far more where pieces hold an entry or
+    two, where shared memory has room to spare)."""
     chunks, warps = _chunks(p, backward, gates, split), threads // 32
     r = rounds(p, units, backward, threads, chunks)
     if p.slot_counts is not None and p.slot_counts.units == units:

@@ -16,13 +16,14 @@ from rnncc.runtime.sparsity import (
     StripDensities,
     magnitude_mask,
     piece_density,
+    slot_counts,
     sparse_r,
     strip_density,
     validate_mask,
 )
 from rnncc.tiling import Problem, caps_for_arch
 from rnncc.tiling.solve import diagnose, solve
-from rnncc.variants import BY_NAME
+from rnncc.variants import BY_NAME, pieces
 from rnncc.variants import grid_sparse as gs
 from rnncc.variants.grid_mma import smem_limit
 
@@ -317,3 +318,55 @@ def test_a_sparse_r_with_a_mask_or_of_the_wrong_shape_is_refused():
         LSTM(Wx, torch.ones(4, 1, 4, 8, dtype=torch.float64).to_sparse(), None)
     with pytest.raises(ValueError, match=r"^R has shape \[8, 8\], expected \[4, 1, 8, 8\]"):
         LSTM(Wx, R[0, 0].to_sparse_csr(), b)
+
+
+def test_slot_counts_are_each_blocks_entries_per_chunk_and_slot():
+    g = torch.Generator().manual_seed(2)
+    G, NH, D, units = 3, 2, 10, 4
+    mask = torch.rand(G, NH, D, D, generator=g) < 0.4
+    counts = slot_counts(mask, units)
+    assert counts.units == units
+    blocks = -(-D // units)
+    h = D // 2
+    for n, u in itertools.product(range(NH), range(blocks)):
+        b = n * blocks + u
+        for k, du in itertools.product(range(G), range(units)):
+            d = u * units + du
+            for half in range(2):
+                cols = slice(half * h, half * h + h)
+                # forward: R's row d of gate k, by halves of its columns (slot k * units + unit)
+                want = mask[k, n, d, cols].sum().item() if d < D else 0
+                assert counts.forward[b, half, k * units + du] == want
+                # backward: R's column d, by gate and half of its rows
+                want = mask[k, n, cols, d].sum().item() if d < D else 0
+                assert counts.backward[b, k, half, du] == want
+    # the chunks of each staging the kernels plan: halves, whole, a gate at a time, all gates
+    fw, bw = counts.forward, counts.backward
+    assert (counts.chunks(False, 1, 2) == fw).all()
+    assert (counts.chunks(False, 1, 1)[:, 0] == fw.sum(1)).all()
+    assert (counts.chunks(True, 1, 2)[:, 2 * 1 + 1] == bw[:, 1, 1]).all()  # gate 1, second half
+    assert (counts.chunks(True, 1, 1) == bw.sum(2)).all()
+    assert (counts.chunks(True, G, 1)[:, 0] == bw.sum((1, 2))).all()
+    with pytest.raises(ValueError, match="no chunks of 3 gates in 2 parts"):
+        counts.chunks(True, G, 2)
+    # a mask's counts decide its plan's shared memory, not its densities
+    p = dataclasses.replace(lstm(2304), slot_counts=counts)
+    assert p == lstm(2304) and "slot_counts" not in p.as_dict()
+
+
+def test_a_masks_plan_counts_its_layout_exactly():
+    g = torch.Generator().manual_seed(3)
+    for D, density in ((64, 0.3), (2304, 0.3)):
+        mask = torch.rand(4, 1, D, D, generator=g) < density
+        units = gs.block_units(D, H100.sm_count)
+        counts = slot_counts(mask, units)
+        p = lstm(D, density=strip_density(mask, units), slot_counts=counts)
+        for backward, gates, split in ((False, 1, 1), (False, 1, 2), (True, 1, 1), (True, 4, 1)):
+            chunks = gs._chunks(p, backward, gates, split)
+            r = gs.rounds(p, units, backward, gs.THREADS, chunks)
+            exact = pieces.shared_entries(counts.chunks(backward, gates, split), 16, r, 0)
+            assert gs.shared_entries(p, units, backward, gates, split, gs.THREADS, 0) == exact
+            if D == 2304:  # without the counts the densities estimate it, with room to spare here
+                plain = dataclasses.replace(p, slot_counts=None)
+                estimate = gs.shared_entries(plain, units, backward, gates, split, gs.THREADS, 0)
+                assert exact <= estimate <= 1.04 * exact
