@@ -130,19 +130,18 @@ def _strips(mask: torch.Tensor, units: int) -> tuple[torch.Tensor, torch.Tensor]
     return rows, cols
 
 
-def _fullest(rows: torch.Tensor, cols: torch.Tensor, units: int) -> tuple[float, float]:
-    """(strip density, piece density) of ``_strips``'s views (see the two functions below),
-    each kept count divided in Python (float64) by its size."""
-    G, NH, blocks, _, D = rows.shape
-    strip = max(rows.sum((0, 3, 4)).max().item(), cols.sum((0, 2, 4)).max().item()) / (
-        G * units * D
-    )
+def _fullest(counts: SlotCounts, D: int) -> tuple[float, float]:
+    """(strip density, piece density) of a mask's ``slot_counts`` at head dim ``D`` (see the
+    two functions below), each kept count divided in Python (float64) by its size."""
+    fw, bw, units = counts.forward, counts.backward, counts.units
+    G = bw.shape[1]
+    strip = max(int(fw.sum((1, 2)).max()), int(bw.sum((1, 2, 3)).max())) / (G * units * D)
     if D % 2:  # no halves: the backward's pieces are a gate's rows whole
-        return strip, max(strip, cols.sum((2, 4)).max().item() / (units * D))
+        return strip, max(strip, int(bw.sum(3).max()) / (units * D))
     h = D // 2
-    fw = rows.view(G, NH, blocks, units, 2, h).sum((0, 3, 5)).max().item() / (G * units * h)
-    bw = cols.view(G, NH, 2, h, blocks, units).sum((3, 5)).max().item() / (units * h)
-    return strip, max(fw, bw)
+    fw_half = int(fw.sum(2).max()) / (G * units * h)  # a block's rows, a half of the columns
+    bw_half = int(bw.sum(3).max()) / (units * h)  # its columns, a gate's half of the rows
+    return strip, max(fw_half, bw_half)
 
 
 def slot_counts(mask: torch.Tensor, units: int) -> SlotCounts:
@@ -164,7 +163,7 @@ def strip_density(mask: torch.Tensor, units: int) -> float:
     """The kept fraction of ``mask``'s fullest strip: blocks of ``units`` units (the last one
     padded), each owning R's rows of its units over every gate (forward) and R's columns of its
     units over every gate row (backward), both ``Gr × units × D`` entries."""
-    return _fullest(*_strips(mask, units), units)[0]
+    return _fullest(slot_counts(mask, units), mask.shape[-1])[0]
 
 
 def piece_density(mask: torch.Tensor, units: int) -> float:
@@ -174,7 +173,7 @@ def piece_density(mask: torch.Tensor, units: int) -> float:
     for an odd one, a gate's rows whole, or the strip where that is fuller). The kernels that
     keep part of the entries in registers hold a share of each such part there, so they must
     know how full the fullest one is."""
-    return _fullest(*_strips(mask, units), units)[1]
+    return _fullest(slot_counts(mask, units), mask.shape[-1])[1]
 
 
 class StripDensities:
@@ -196,9 +195,9 @@ class StripDensities:
         version = mask._version
         if found is not None and found[0]() is mask and found[1:3] == (version, units):
             return found[3]
-        strip, piece = _fullest(*_strips(mask, units), units)
-        # equal fractions may round apart
-        densities = (strip, max(strip, piece), slot_counts(mask, units))
+        counts = slot_counts(mask, units)
+        strip, piece = _fullest(counts, mask.shape[-1])
+        densities = (strip, max(strip, piece), counts)  # equal fractions may round apart
         if len(self._kept) >= self.KEPT:
             self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
         self._kept[id(mask)] = (weakref.ref(mask), version, units, densities)

@@ -9,12 +9,13 @@ threads of ``REG_ENTRIES`` entries each). The forward's strip is R's rows of the
 before the first step (zeros of R are skipped, so a mask's dropped entries cost nothing) and
 cuts each slot's into pieces that a lane runs whole, 32 pieces a warp's round (``pieces``). The
 plan counts the shared memory that takes from the mask's entries per block, chunk and slot
-(``Problem.slot_counts``) exactly, or bounds it from the kept fraction of the mask's fullest
+(``Problem.slot_counts``) exactly, or estimates it from the kept fraction of the mask's fullest
 strip (``Problem.density``) and of its fullest half strip (``Problem.piece_density``). A step
 stages h (or dg, whole or a gate's rows at a time; either in halves where the entries fit only
 beside half) in shared memory and runs the entries on the CUDA cores (fp32 sums); h and dg go
-through an exchange buffer behind a counter per (head, batch chunk), as on ``grid_mma``. Every block of a launch is resident at once (a cooperative launch); (head, chunk)
-pairs beyond the SMs run in further launches. Full-length sequences in one direction only
+through an exchange buffer behind a counter per (head, batch chunk), as on ``grid_mma``. Every
+block of a launch is resident at once (a cooperative launch); (head, chunk) pairs beyond the
+SMs run in further launches. Full-length sequences in one direction only
 (``lengths=`` and ``reverse=`` take the dense variants).
 """
 
