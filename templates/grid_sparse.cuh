@@ -20,8 +20,8 @@
 //   time) from the exchange buffer into shared memory ([column][kNB rows], 16-bit), and for
 //   each chunk each warp runs its rounds: a lane takes one entry a step, reads the operand's
 //   kNB values of its column in one load and adds value x those into kNB sums; at a round's
-//   end the lanes of one slot sum theirs and one adds them into the block's sums (shared
-//   memory, atomically);
+//   end each lane stores its sums as its piece's (shared memory), and after the chunk the
+//   block adds each slot's pieces up (`fold`);
 // - forward: the cell threads (unit, pair of rows) run C::forward on the gate sums and publish
 //   the new h; backward: the cell threads (row, pair of units) run C::backward, publish the
 //   gate cotangents, and add the block's sums (Rᵀ dg of their units) into the states'.
@@ -65,8 +65,9 @@ struct Kernels : MmaCommon<C> {
   // Steps of 32 entries a warp runs at once, their operand loads in flight together.
   static constexpr int kBlock = 4;
 
-  // The shared memory of one direction, in bytes from the start: the entries, the operand's
-  // chunk, the slots' sums, the entries' start per (chunk, slot), each (chunk, warp, round)'s
+  // The shared memory of one direction, in bytes from the start: the entries, the pieces'
+  // sums (kNB floats a piece), the operand's chunk, the slots' sums, the entries' start per
+  // (chunk, slot) (after the prologue: each slot's first piece), each (chunk, warp, round)'s
   // end, each (chunk, warp)'s first shared entry, and (backward) the biases and params of the
   // block's units. The plan sizes the whole (kFwSmem, kBwSmem) with the same sums.
   template <bool Fw>
@@ -87,7 +88,8 @@ struct Kernels : MmaCommon<C> {
     static constexpr int kRegSteps = Fw ? C::kFwRegSteps : C::kBwRegSteps;
     static constexpr int kRegs = kRegSteps * kChunks;
     static constexpr int kRegBlocks = (kRegSteps + kBlock - 1) / kBlock * kBlock;  // the steps of blocks with register entries
-    static constexpr int kOperand = 4 * kCap;
+    static constexpr int kParts = 4 * kCap;
+    static constexpr int kOperand = kParts + 4 * kPieces * kNB;
     static constexpr int kSums = kOperand + 2 * kCols * kNB;
     static constexpr int kStart = kSums + 4 * kSlots * kNB;
     static constexpr int kEnds = kStart + 4 * (kChunks * kSlots + 1);
@@ -102,11 +104,11 @@ struct Kernels : MmaCommon<C> {
     static constexpr int kScrPiece = kScrCount + kChunks * kSlots;
     static constexpr int kScrSlot = kScrPiece + kChunks * kPieces;
     static constexpr int kScrEntries = kScrSlot + kChunks * kPieces;
-    static_assert(kCap % 4 == 0 && kCap > 0, "the operand follows the entries 16-byte aligned");
+    static_assert(kCap % 4 == 0 && kCap > 0, "the pieces' sums and the operand 16-byte aligned");
     static_assert(Fw || (kGr % C::kBwGates == 0 && kCols <= 65536), "whole chunks; a column fits 16 bits");
     static_assert((kSplit == 1 || kSplit == 2) && kD % kSplit == 0, "h or a gate's rows in halves");
     static_assert(kBytes <= (Fw ? C::kFwSmem : C::kBwSmem), "the plan's shared memory holds the kernel's");
-    static_assert(kRounds > 0 && kPieces >= kSlots && kSlots < 65536, "a piece or more a slot");
+    static_assert(kRounds > 0 && kPieces >= kSlots && kPieces <= 65536, "a piece or more a slot; 16-bit pieces");
     static_assert(kCap >= 3 * kSlots + kPieces + 2, "the entries' space holds the prologue's workspace");
     static_assert(kScrEntries < C::kScratch, "the scratch holds the prologue's tables");
   };
@@ -260,10 +262,11 @@ struct Kernels : MmaCommon<C> {
   // first, go 32 at a time to the warps' rounds (a snake over the warps, and over the chunks'
   // rounds: every warp runs kRounds rounds a chunk, each as long as its longest piece; one that
   // ends among the register steps is rounded up to whole blocks of 4), lane l of a round
-  // running one piece whole: no slot ends inside a round, whose end adds each lane's sums into
-  // its slot's (`product`). A lane takes its piece's entries in the order that at
-  // step i prefers bank group (i + l) % kBanks: while their groups last, a step's 32 lanes read
-  // every group twice, the fewest wavefronts (the bank-aware layout of Sparse Persistent RNNs).
+  // running one piece whole: no slot ends inside a round, at whose end each lane stores its
+  // sums as its piece's (`product`; `fold` adds a slot's up). A lane takes its piece's entries
+  // in the order that at step i prefers bank group (i + l) % kBanks: while their groups last, a
+  // step's 32 lanes read every group twice, the fewest wavefronts (the bank-aware layout of
+  // Sparse Persistent RNNs).
   // A warp's first kRegSteps steps of each chunk go into its lanes' registers (`re`, chunk by
   // chunk), the rest into shared memory (chunk by chunk, warp by warp); steps past a piece's
   // end hold 0 (value 0, column 0).
@@ -343,23 +346,11 @@ struct Kernels : MmaCommon<C> {
         for (int j = 0; j < Sh::kPieces; ++j) q += len[j] > li || (len[j] == li && j < i) ? 1 : 0;
         const int s = slot_at(i), r = q / 32, l = q % 32, kk = r / kWarps, wi = r % kWarps;
         const int at = (c * kWarps + ((c * Sh::kRounds + kk) % 2 ? kWarps - 1 - wi : wi)) * Sh::kRounds + kk;
-        slot_of[32 * at + l] = (uint32_t)s;
+        slot_of[32 * at + l] = (uint32_t)s | (uint32_t)i << 16;  // its slot, and where its sums go
         piece[32 * at + l] = (uint32_t)(i - first[s]);
         if (l == 0) ends[at] = li;
       }
       for (int s = threadIdx.x; s < Sh::kSlots; s += kThreads) pieces[c * Sh::kSlots + s] = (uint32_t)count[s];
-      __syncthreads();
-      // each lane's run of lanes with its slot in its round (pieces of one slot and length are
-      // adjacent): its first lane, and whether it is the last (`product` sums a run, then adds)
-      for (int i = threadIdx.x; i < Sh::kPieces; i += kThreads) {
-        uint32_t* const round = slot_of + 32 * (c * kWarps * Sh::kRounds) + (i & ~31);
-        const int l = i & 31;
-        const uint32_t s = __ldcg(round + l) & 0xffffu;
-        int head = l;
-        while (head > 0 && (__ldcg(round + head - 1) & 0xffffu) == s) --head;
-        const bool last = l == 31 || (__ldcg(round + l + 1) & 0xffffu) != s;
-        round[l] = s | (uint32_t)head << 16 | (last ? 1u << 21 : 0u);  // its slot stays: others read it now
-      }
       __syncthreads();
     }
     for (int i = threadIdx.x; i < Sh::kChunks * kWarps; i += kThreads) {
@@ -432,6 +423,16 @@ struct Kernels : MmaCommon<C> {
         for (int j = 0; j < Sh::kRegSteps; ++j) re[c * Sh::kRegSteps + j] = staging[((c * kWarps + warp) * Sh::kRegSteps + j) * 32 + lane];
     }
     __syncthreads();
+    if (threadIdx.x == 0) {  // each (chunk, slot)'s first piece, counted over the chunks (`fold`)
+      int* const first = reinterpret_cast<int*>(smem + Sh::kStart);
+      int run = 0;
+      for (int i = 0; i < Sh::kChunks * Sh::kSlots; ++i) {
+        first[i] = run;
+        run += (int)__ldcg(pieces + i);
+      }
+      first[Sh::kChunks * Sh::kSlots] = run;
+    }
+    __syncthreads();
   }
 
   template <typename T>
@@ -495,49 +496,38 @@ struct Kernels : MmaCommon<C> {
   // indices; a round that ends among them is whole blocks), then the shared ones (a round's
   // last block may be shorter), the steps alternating between two sums (two chains of adds;
   // one at 8 rows, whose 8 sums are chains enough, and 128 registers a thread would spill).
-  // At a round's end a lane adds its sums into its piece's slot's (atomically: a slot's pieces
-  // run on several lanes and warps).
+  // At a round's end a lane stores its sums as its piece's (`fold` adds them up by slot): no
+  // atomics (shared-memory float atomics are compare-and-swap loops here) and a fixed order of
+  // adds, so a step's sums do not depend on the warps' timing.
 
   template <typename T, bool Fw>
   static __device__ __forceinline__ void product(unsigned char* smem, const uint32_t* scratch, const int c,
                                                  const uint32_t (&re)[Shape<Fw>::kRegs > 0 ? Shape<Fw>::kRegs : 1]) {
     using Sh = Shape<Fw>;
     const Vec* const op = reinterpret_cast<const Vec*>(smem + Sh::kOperand);
-    float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
+    float* const parts = reinterpret_cast<float*>(smem + Sh::kParts);
     const int lane = threadIdx.x & 31, cw = c * kWarps + (threadIdx.x >> 5);
     const int* const ends = reinterpret_cast<const int*>(smem + Sh::kEnds) + cw * Sh::kRounds;
     const uint32_t* const slot_of = scratch + Sh::kScrSlot + 32 * cw * Sh::kRounds + lane;
     const int steps = ends[Sh::kRounds - 1];
-    int round = 0, end = ends[0], slot = (int)__ldcg(slot_of);
+    int round = 0, end = ends[0];
+    uint32_t slot = __ldcg(slot_of);  // its slot, and (bits 16 on) its piece
     float acc[kNB], odd[kNB];
 #pragma unroll
     for (int b = 0; b < kNB; ++b) acc[b] = odd[b] = 0.0f;
-    // A round's end: each run of lanes with one slot sums its lanes' sums (a segmented scan,
-    // as far as the longest run needs), and its last lane adds them into the slot's, atomically
-    // (other warps' runs of the slot may add at once). Shared-memory float atomics queue on one
-    // address: a lane each would slow the step down several times over.
+    // A round's end: the lane's sums to its piece's place (kNB floats, 16-byte stores).
     auto finish = [&]() {  // uniform
-      const int head = slot >> 16 & 31, span = __reduce_max_sync(0xffffffffu, lane - head + 1);
+      float4* const to = reinterpret_cast<float4*>(parts + (slot >> 16) * kNB);
 #pragma unroll
-      for (int b = 0; b < kNB; ++b) acc[b] += odd[b];
-      for (int d = 1; d < span; d <<= 1) {
-#pragma unroll
-        for (int b = 0; b < kNB; ++b) {
-          const float up = __shfl_up_sync(0xffffffffu, acc[b], d);
-          if (lane - d >= head) acc[b] += up;
-        }
-      }
-      if (slot & 1 << 21) {
-#pragma unroll
-        for (int b = 0; b < kNB; ++b) atomicAdd(sums + (slot & 0xffff) * kNB + b, acc[b]);
-      }
+      for (int b = 0; b < kNB; b += 4)
+        to[b / 4] = make_float4(acc[b] + odd[b], acc[b + 1] + odd[b + 1], acc[b + 2] + odd[b + 2], acc[b + 3] + odd[b + 3]);
 #pragma unroll
       for (int b = 0; b < kNB; ++b) acc[b] = odd[b] = 0.0f;
       ++round;
       end = -1;
       if (round < Sh::kRounds) {
         end = ends[round];
-        slot = (int)__ldcg(slot_of + 32 * round);
+        slot = __ldcg(slot_of + 32 * round);
       }
     };
     const uint32_t* const ent = reinterpret_cast<const uint32_t*>(smem) + reinterpret_cast<const int*>(smem + Sh::kShift)[cw] + lane;
@@ -595,6 +585,34 @@ struct Kernels : MmaCommon<C> {
       }
       if (j == end) finish();
     }
+    while (round < Sh::kRounds) finish();  // rounds of empty pieces (a warp's last): their sums are 0
+  }
+
+  // Chunk c's pieces' sums into the slots' (set at chunk 0, added to after): each (slot, row)'s
+  // pieces in order, kLanes lanes each taking every kLanes-th and their sums added across them
+  // (a slot's pieces are about kPieces / kSlots, from a few to a few dozen).
+  template <bool Fw>
+  static __device__ __forceinline__ void fold(unsigned char* smem, const int c) {
+    using Sh = Shape<Fw>;
+    const float* const parts = reinterpret_cast<const float*>(smem + Sh::kParts);
+    float* const sums = reinterpret_cast<float*>(smem + Sh::kSums);
+    const int* const first = reinterpret_cast<const int*>(smem + Sh::kStart) + c * Sh::kSlots;
+    constexpr int kPer = Sh::kPieces / (4 * Sh::kSlots);  // a lane's pieces about 4 or fewer
+    constexpr int kLanes = kPer >= 32 ? 32 : kPer >= 16 ? 16 : kPer >= 8 ? 8 : kPer >= 4 ? 4 : kPer >= 2 ? 2 : 1;
+    constexpr int kValues = Sh::kSlots * kNB;
+    const int lane = threadIdx.x & 31, sub = lane % kLanes, base = c * Sh::kPieces;
+    for (int v0 = (threadIdx.x >> 5) * (32 / kLanes); v0 < kValues; v0 += kThreads / kLanes) {  // uniform
+      const int v = v0 + lane / kLanes, s = v / kNB, b = v % kNB;
+      float x = 0.0f;
+      if (v < kValues) {
+        const int hi = first[s + 1] - base;
+#pragma unroll 4
+        for (int i = first[s] - base + sub; i < hi; i += kLanes) x += parts[i * kNB + b];
+      }
+#pragma unroll
+      for (int o = kLanes / 2; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+      if (v < kValues && sub == 0) sums[v] = c == 0 ? x : sums[v] + x;
+    }
   }
 
   template <typename T>
@@ -613,7 +631,6 @@ struct Kernels : MmaCommon<C> {
     });
     uint32_t re[Sh::kRegs > 0 ? Sh::kRegs : 1];
     distribute<true>(smem, scratch, re);
-    for (int i = threadIdx.x; i < Sh::kSlots * kNB; i += kThreads) sums[i] = 0.0f;
 
     // A cell thread: unit d = kU u + dl, rows b0 + 2 j + q (q < 2).
     const int dl = threadIdx.x % kU, j2 = threadIdx.x / kU;
@@ -672,8 +689,10 @@ struct Kernels : MmaCommon<C> {
         RNNCC_TRACE(2)
         product<T, true>(smem, scratch, k, re);
         __syncthreads();
-        RNNCC_TRACE(3)
+        fold<true>(smem, k);  // before the next chunk's barrier, or the one below
       }
+      __syncthreads();
+      RNNCC_TRACE(3)
       float acc[kPairs][4];  // C fragment order (ForwardIn): gate 2 p + i / 2, row q = i % 2
       if (cell) {
 #pragma unroll
@@ -681,9 +700,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
             const int k = 2 * p + i / 2, q = i % 2;
-            float* const sp = sums + (k * kU + dl) * kNB + 2 * j2 + q;
-            acc[p][i] = k < kGr ? *sp : 0.0f;
-            if (k < kGr) *sp = 0.0f;
+            acc[p][i] = k < kGr ? sums[(k * kU + dl) * kNB + 2 * j2 + q] : 0.0f;
           }
 #pragma unroll
         for (int q = 0; q < 2; ++q) {
@@ -757,7 +774,6 @@ struct Kernels : MmaCommon<C> {
     });
     uint32_t re[Sh::kRegs > 0 ? Sh::kRegs : 1];
     distribute<false>(smem, scratch, re);
-    for (int i = threadIdx.x; i < Sh::kSlots * kNB; i += kThreads) sums[i] = 0.0f;
     if (threadIdx.x < kU) {
       const int du = d_blk + threadIdx.x;
       const T* bias = static_cast<const T*>(a.bias) + (long long)n * kD;
@@ -840,15 +856,13 @@ struct Kernels : MmaCommon<C> {
         RNNCC_TRACE(5)
         product<T, false>(smem, scratch, k, re);
         __syncthreads();
-        RNNCC_TRACE(6)
+        fold<false>(smem, k);  // before the next chunk's barrier, or the one below
       }
+      __syncthreads();
+      RNNCC_TRACE(6)
       if (live) {
 #pragma unroll
-        for (int q = 0; q < 2; ++q) {
-          float* const sp = sums + (2 * dp + q) * kNB + rr;
-          ds[kRec][q] += *sp;
-          *sp = 0.0f;
-        }
+        for (int q = 0; q < 2; ++q) ds[kRec][q] += sums[(2 * dp + q) * kNB + rr];
       }
       RNNCC_TRACE(7)
     }

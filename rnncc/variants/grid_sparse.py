@@ -125,16 +125,16 @@ def rounds(p: Problem, units: int, backward: bool, threads: int, chunks: int) ->
 def _fixed_bytes(
     p: Problem, units: int, backward: bool, gates: int, split: int, threads: int
 ) -> int:
-    """Shared memory besides the entries (the kernel's ``Shape``): the operand's chunk (h, or
-    ``gates`` gates' rows of dg, or 1 / ``split`` of either: columns x rows, 16-bit), the
-    slots' float sums, the entries' start per (chunk, slot), each (chunk, warp, round)'s end,
-    each (chunk, warp)'s first shared entry, and the backward's biases and params of the
-    block's units."""
+    """Shared memory besides the entries (the kernel's ``Shape``): the pieces' float sums (a
+    chunk's), the operand's chunk (h, or ``gates`` gates' rows of dg, or 1 / ``split`` of
+    either: columns x rows, 16-bit), the slots' float sums, the entries' start per (chunk,
+    slot), each (chunk, warp, round)'s end, each (chunk, warp)'s first shared entry, and the
+    backward's biases and params of the block's units."""
     slots = _slots(p, units, backward)
     chunks = _chunks(p, backward, gates, split)
     cols = (gates * p.head_dim if backward else p.head_dim) // split
     nb, warps, r = rows(p), threads // 32, rounds(p, units, backward, threads, chunks)
-    fixed = 2 * cols * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
+    fixed = 4 * 32 * warps * r * nb + 2 * cols * nb + 4 * slots * nb + 4 * (chunks * slots + 1)
     fixed += 4 * chunks * warps * r + 4 * chunks * warps
     if backward:
         fixed += 4 * (max(p.gates_b, 1) + max(p.n_params, 1)) * units

@@ -1,7 +1,8 @@
 """The sparse kernels' layout of a block's entries (templates/grid_sparse.cuh: gather,
-distribute, product), transcribed loop for loop in Python: every entry is run once, the slots'
-sums are the masked product, and rnncc.variants.pieces (the planner's model of the layout)
-gives the steps and shared memory it takes. The kernels themselves run in
+distribute, product, fold), transcribed loop for loop in Python: every entry is run once,
+every piece's sums are stored once a chunk, the slots' sums are the masked product, and
+rnncc.variants.pieces (the planner's model of the layout) gives the steps and shared memory
+it takes. The kernels themselves run in
 tests/gpu/test_sparse_gpu.py."""
 
 from __future__ import annotations
@@ -16,12 +17,12 @@ from rnncc.variants import pieces
 
 def kernel_layout(mask, chunks, warps, rounds, reg_steps, banks):
     """What one block's prologue lays out of ``mask`` [slots, chunks * cols]: per (chunk, warp)
-    its steps, each a list of 32 entries (slot, column) or None, and each round's end and its
-    lanes' slots."""
+    its steps, each a list of 32 entries (slot, column) or None, each round's end and its
+    lanes' (slot, piece); and per chunk each slot's first piece (and the pieces' end)."""
     slots, width = mask.shape
     cols = width // chunks
     P = 32 * warps * rounds
-    out = {}
+    out, firsts = {}, []
     for c in range(chunks):
         # gather: a (chunk, slot)'s entries by bank group, in column order within one
         ent = [
@@ -44,6 +45,7 @@ def kernel_layout(mask, chunks, warps, rounds, reg_steps, banks):
                 count[s] += 1
         first = list(itertools.accumulate(count, initial=0))
         assert first[-1] == P
+        firsts.append(first)
         piece = [(s, k) for s in range(slots) for k in range(count[s])]
         length = [(n[s] - k + count[s] - 1) // count[s] if n[s] > k else 0 for s, k in piece]
         order = sorted(range(P), key=lambda i: (-length[i], i))
@@ -53,7 +55,7 @@ def kernel_layout(mask, chunks, warps, rounds, reg_steps, banks):
             r, lane = divmod(q, 32)
             kk, wi = divmod(r, warps)
             w = warps - 1 - wi if (c * rounds + kk) % 2 else wi
-            lanes[(w, kk, lane)] = piece[i]
+            lanes[(w, kk, lane)] = (*piece[i], i)
             if lane == 0:
                 ends[(w, kk)] = length[i]
         blocks = -(-reg_steps // 4) * 4
@@ -68,7 +70,7 @@ def kernel_layout(mask, chunks, warps, rounds, reg_steps, banks):
             j0 = 0
             for kk in range(rounds):
                 for lane in range(32):
-                    s, k = lanes[(w, kk, lane)]
+                    s, k, _ = lanes[(w, kk, lane)]
                     p, a = count[s], 0
                     nxt, bound, live = [0] * banks, [0] * banks, 0
                     for g in range(banks):
@@ -91,9 +93,9 @@ def kernel_layout(mask, chunks, warps, rounds, reg_steps, banks):
                             if nxt[g] >= bound[g]:
                                 live &= ~(1 << g)
                 j0 = round_ends[kk]
-            slots_of = [[lanes[(w, kk, lane)][0] for lane in range(32)] for kk in range(rounds)]
+            slots_of = [[lanes[(w, kk, lane)][::2] for lane in range(32)] for kk in range(rounds)]
             out[(c, w)] = (steps, round_ends, slots_of)
-    return out
+    return out, firsts
 
 
 @pytest.mark.parametrize(
@@ -114,25 +116,38 @@ def test_every_entry_runs_once_into_its_slot_and_the_model_counts_the_steps(
     mask = rng.random((slots, chunks * cols)) < density
     value = rng.standard_normal(mask.shape) * mask
     h = rng.standard_normal(chunks * cols)
-    layout = kernel_layout(mask, chunks, warps, rounds, reg_steps, banks)
+    layout, firsts = kernel_layout(mask, chunks, warps, rounds, reg_steps, banks)
+    parts = np.full((chunks, 32 * warps * rounds), np.nan)  # the pieces' sums, a chunk's at a time
     sums, seen = np.zeros(slots), []
     steps = np.zeros((1, chunks, warps), np.int64)
     for (c, w), (rows, round_ends, slots_of) in layout.items():
         steps[0, c, w] = len(rows)
         acc, kk = np.zeros(32), 0
+
+        def finish():
+            nonlocal kk
+            for lane, (_, i) in enumerate(slots_of[kk]):
+                assert np.isnan(parts[c, i])  # each piece stored once
+                parts[c, i] = acc[lane]
+            acc[:] = 0
+            kk += 1
+
         for j, row in enumerate(rows):
             for lane, e in enumerate(row):
                 if e is not None:
                     s, col = e
-                    assert s in (slots_of[kk][lane],)  # a lane's entries are its piece's slot's
+                    assert s == slots_of[kk][lane][0]  # a lane's entries are its piece's slot's
                     seen.append((s, c * cols + col))
                     acc[lane] += value[s, c * cols + col] * h[c * cols + col]
-            while kk < rounds and j + 1 == round_ends[kk]:  # a round's end (empty ones too)
-                np.add.at(sums, slots_of[kk], acc)
-                acc[:] = 0
-                kk += 1
-        assert not acc.any()
+            if j + 1 == round_ends[kk]:
+                finish()
+        while kk < rounds:  # the rounds of empty pieces, after the others
+            assert round_ends[kk] == len(rows)
+            finish()
     assert sorted(seen) == sorted(zip(*np.nonzero(mask)))
+    for c, first in enumerate(firsts):  # fold: a slot's pieces are first[s] to first[s + 1]
+        assert not np.isnan(parts[c]).any()
+        sums += [parts[c, first[s] : first[s + 1]].sum() for s in range(slots)]
     np.testing.assert_allclose(sums, value @ h, rtol=0, atol=1e-12)
     counts = np.stack([mask[:, c * cols : (c + 1) * cols].sum(1) for c in range(chunks)])[None]
     assert (pieces.steps(counts, warps, rounds, reg_steps) == steps).all()
@@ -149,7 +164,7 @@ def test_a_step_of_long_pieces_reads_the_bank_groups_evenly():
     layout = kernel_layout(mask, 1, 4, 1, 0, 16)
     loads = [
         max(np.bincount([e[1] % 16 for e in row if e is not None], minlength=16))
-        for rows, _, _ in layout.values()
+        for rows, _, _ in layout[0].values()
         for row in rows
     ]
     assert np.mean(loads) < 3.0

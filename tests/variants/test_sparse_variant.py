@@ -52,23 +52,26 @@ def test_planned_for_masks_that_fit_and_only_those():
     assert solve(lstm(2304), H100).variant == "grid_sparse"
     # At 30 % a block of 18 units holds 4 x 18 x 2304 x 0.3 entries (and their rounds' padding)
     # in 227 KiB of shared memory, up to 2376 units; past that its lanes' registers hold part
-    # of them, up to 3106.
+    # of them, up to 3038.
     assert threads(lstm(2376)) == gs.THREADS and threads(lstm(2378)) == gs.REG_THREADS
-    assert not ruled_out(lstm(3106)) and ruled_out(lstm(3108)) == ["entries_fit_on_chip"]
-    # At 10 %: 4074 in shared memory; 5280 (2.5 times the dense kernels' 2112) with registers.
-    assert threads(lstm(4074, density=0.1)) == gs.THREADS
-    assert threads(lstm(4076, density=0.1)) == gs.REG_THREADS
+    assert not ruled_out(lstm(3038)) and ruled_out(lstm(3040)) == ["entries_fit_on_chip"]
+    # At 10 %: 3960 in shared memory; 5280 (2.5 times the dense kernels' 2112) with registers.
+    assert threads(lstm(3960, density=0.1)) == gs.THREADS
+    assert threads(lstm(3962, density=0.1)) == gs.REG_THREADS
     assert not ruled_out(lstm(5280, density=0.1))
     assert ruled_out(lstm(5282, density=0.1)) == ["entries_fit_on_chip"]
     assert diagnose(SPARSE, lstm(4096, density=0.5), H100) == ["entries_fit_on_chip"]
 
 
 def test_the_operand_is_staged_in_halves_only_where_the_entries_need_the_room():
-    for density, split in ((0.3, 1), (0.31, 1), (0.32, 2)):
+    for density, split in ((0.3, 1), (0.301, 1), (0.302, 2), (0.31, 2)):
         build = SPARSE.build(lstm(2304, density=density), H100)
-        assert (build["fw_split"], build["bw_split"]) == (split, split)
+        assert (build["threads"], build["fw_split"], build["bw_split"]) == (gs.THREADS, split, split)
         assert build["fw_entries"] >= gs.strip_entries(lstm(2304, density=density), 18)
-    # past halves, registers (the operands whole again); past registers, nothing
+    # past halves at 512 threads, halves at 256 (whose pieces' sums take half the room)
+    build = SPARSE.build(lstm(2304, density=0.32), H100)
+    assert (build["threads"], build["fw_split"], build["fw_reg_steps"]) == (gs.REG_THREADS, 2, 0)
+    # past those, registers (the operands whole again); past registers, nothing
     build = SPARSE.build(lstm(2304, density=0.33), H100)
     assert (build["threads"], build["fw_split"], build["fw_reg_steps"]) == (gs.REG_THREADS, 1, 144)
     assert ruled_out(lstm(2304, density=0.56)) == ["entries_fit_on_chip"]
