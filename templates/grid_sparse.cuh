@@ -585,7 +585,11 @@ struct Kernels : MmaCommon<C> {
       }
       if (j == end) finish();
     }
-    while (round < Sh::kRounds) finish();  // rounds of empty pieces (a warp's last): their sums are 0
+    for (; round < Sh::kRounds; ++round) {  // rounds of empty pieces (a warp's last): sums of 0
+      float4* const to = reinterpret_cast<float4*>(parts + (__ldcg(slot_of + 32 * round) >> 16) * kNB);
+#pragma unroll
+      for (int b = 0; b < kNB; b += 4) to[b / 4] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
   }
 
   // Chunk c's pieces' sums into the slots' (set at chunk 0, added to after): each (slot, row)'s
