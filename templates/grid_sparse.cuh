@@ -246,7 +246,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int i = 0; i < kLoads; ++i) {
             const unsigned m = __ballot_sync(0xffffffffu, nonzero(v[i])) & same;
-            if (nonzero(v[i])) ent[pos + __popc(m & below)] = ((uint32_t)v[i] << 16) | (uint32_t)(j0 + 32 * i + lane);
+            if (nonzero(v[i])) ent[pos + __popc(m & below)] = ((uint32_t)v[i] << 16) | column_bits<Fw>(j0 + 32 * i + lane);
             pos += __popc(m);
           }
         }
@@ -454,28 +454,47 @@ struct Kernels : MmaCommon<C> {
   // A column's kNB operand values: one load.
   typedef typename std::conditional<kNB == 4, uint2, uint4>::type Vec;
 
+  // An entry's low 16 bits: its column's byte offset in the operand's chunk where those fit 16
+  // bits (a load's address is then one mask away), else its column.
+  template <bool Fw>
+  static constexpr bool kByteColumns = Shape<Fw>::kCols * (long long)sizeof(Vec) <= 65536;
+  template <bool Fw>
+  static __device__ __forceinline__ uint32_t column_bits(const int j) {
+    return (uint32_t)j * (kByteColumns<Fw> ? (uint32_t)sizeof(Vec) : 1u);
+  }
+
   // The operand's kNB values of entry w's column (`op`: the operand's shared-memory address),
   // as one volatile asm: the compiler neither hoists these loads nor keeps their addresses ahead of
   // them, which with a thread's entries in registers would spill.
+  template <bool Fw>
   static __device__ __forceinline__ Vec load_column(const uint32_t op, const uint32_t w) {
+    constexpr uint32_t kScale = kByteColumns<Fw> ? 1u : (uint32_t)sizeof(Vec);
     Vec h;
     if constexpr (kNB == 4)
       asm volatile(
           "{ .reg .b32 a;\n\t"
           "and.b32 a, %2, 0xffff;\n\t"
-          "mad.lo.u32 a, a, 8, %3;\n\t"
+          "mad.lo.u32 a, a, %4, %3;\n\t"
           "ld.shared.v2.u32 {%0, %1}, [a]; }"
           : "=r"(h.x), "=r"(h.y)
-          : "r"(w), "r"(op));
+          : "r"(w), "r"(op), "n"(kScale));
     else
       asm volatile(
           "{ .reg .b32 a;\n\t"
           "and.b32 a, %4, 0xffff;\n\t"
-          "mad.lo.u32 a, a, 16, %5;\n\t"
+          "mad.lo.u32 a, a, %6, %5;\n\t"
           "ld.shared.v4.u32 {%0, %1, %2, %3}, [a]; }"
           : "=r"(h.x), "=r"(h.y), "=r"(h.z), "=r"(h.w)
-          : "r"(w), "r"(op));
+          : "r"(w), "r"(op), "n"(kScale));
     return h;
+  }
+  // The same from shared memory's entries (the compiler's own load: `op` the operand).
+  template <bool Fw>
+  static __device__ __forceinline__ Vec column(const Vec* op, const uint32_t w) {
+    if constexpr (kByteColumns<Fw>)
+      return *reinterpret_cast<const Vec*>(reinterpret_cast<const char*>(op) + (w & 0xffffu));
+    else
+      return op[w & 0xffffu];
   }
 
   // acc[b] += entry w's value x the operand's row b of its column (h).
@@ -493,9 +512,10 @@ struct Kernels : MmaCommon<C> {
 
   // Warp `warp`'s entries of chunk c (the operand staged) into the slots' sums: its rounds
   // (`distribute`), in blocks of kBlock steps, first those with register entries (constant
-  // indices; a round that ends among them is whole blocks), then the shared ones (a round's
-  // last block may be shorter), the steps alternating between two sums (two chains of adds;
-  // one at 8 rows, whose 8 sums are chains enough, and 128 registers a thread would spill).
+  // indices; a round that ends among them is whole blocks), then the shared ones (two blocks a
+  // loop trip while the round has them; its last block may be shorter), the steps alternating
+  // between two sums (two chains of adds; one at 8 rows, whose 8 sums are chains enough, and
+  // 128 registers a thread would spill).
   // At a round's end a lane stores its sums as its piece's (`fold` adds them up by slot): no
   // atomics (shared-memory float atomics are compare-and-swap loops here) and a fixed order of
   // adds, so a step's sums do not depend on the warps' timing.
@@ -541,7 +561,7 @@ struct Kernels : MmaCommon<C> {
         if (j0 >= steps) break;  // uniform
         Vec h[kBlock];
 #pragma unroll
-        for (int j = 0; j < kBlock; ++j) h[j] = load_column(opa, re[c * Sh::kRegSteps + j0 + j]);
+        for (int j = 0; j < kBlock; ++j) h[j] = load_column<Fw>(opa, re[c * Sh::kRegSteps + j0 + j]);
 #pragma unroll
         for (int j = 0; j < kBlock; ++j) fma_entry<T>(re[c * Sh::kRegSteps + j0 + j], h[j], j % 2 ? odd : acc);
         if (j0 + kBlock == end) finish();
@@ -553,7 +573,7 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
           for (int i = 0; i < kBlock; ++i) w[i] = i < kMixed ? re[c * Sh::kRegSteps + kWhole + i] : shared_entry(kWhole, i);
 #pragma unroll
-          for (int i = 0; i < kBlock; ++i) h[i] = load_column(opa, w[i]);
+          for (int i = 0; i < kBlock; ++i) h[i] = load_column<Fw>(opa, w[i]);
 #pragma unroll
           for (int i = 0; i < kBlock; ++i) fma_entry<T>(w[i], h[i], i % 2 ? odd : acc);
           if (kWhole + kBlock == end) finish();
@@ -570,13 +590,17 @@ struct Kernels : MmaCommon<C> {
 #pragma unroll
         for (int i = 0; i < kInFlight; ++i) w[i] = i0 + i < n ? shared_entry(j, i0 + i) : 0u;
 #pragma unroll
-        for (int i = 0; i < kInFlight; ++i) h[i] = op[w[i] & 0xffffu];
+        for (int i = 0; i < kInFlight; ++i) h[i] = column<Fw>(op, w[i]);
 #pragma unroll
         for (int i = 0; i < kInFlight; ++i) fma_entry<T>(w[i], h[i], kNB == 4 && (i0 + i) % 2 ? odd : acc);
       }
     };
     for (int j = Sh::kRegBlocks; j < steps;) {
-      if (j + kBlock <= end) {
+      if (j + 2 * kBlock <= end) {  // two blocks an iteration: half the loop's branches
+        shared_block(j, kBlock);
+        shared_block(j + kBlock, kBlock);
+        j += 2 * kBlock;
+      } else if (j + kBlock <= end) {
         shared_block(j, kBlock);  // a constant bound: no selects
         j += kBlock;
       } else {  // a round's last steps
@@ -693,10 +717,10 @@ struct Kernels : MmaCommon<C> {
         RNNCC_TRACE(2)
         product<T, true>(smem, scratch, k, re);
         __syncthreads();
-        fold<true>(smem, k);  // before the next chunk's barrier, or the one below
+        fold<true>(smem, k);  // before the next chunk's barrier, or this one
+        if (k == Sh::kChunks - 1) __syncthreads();
+        RNNCC_TRACE(3)
       }
-      __syncthreads();
-      RNNCC_TRACE(3)
       float acc[kPairs][4];  // C fragment order (ForwardIn): gate 2 p + i / 2, row q = i % 2
       if (cell) {
 #pragma unroll
@@ -860,10 +884,10 @@ struct Kernels : MmaCommon<C> {
         RNNCC_TRACE(5)
         product<T, false>(smem, scratch, k, re);
         __syncthreads();
-        fold<false>(smem, k);  // before the next chunk's barrier, or the one below
+        fold<false>(smem, k);  // before the next chunk's barrier, or this one
+        if (k == Sh::kChunks - 1) __syncthreads();
+        RNNCC_TRACE(6)
       }
-      __syncthreads();
-      RNNCC_TRACE(6)
       if (live) {
 #pragma unroll
         for (int q = 0; q < 2; ++q) ds[kRec][q] += sums[(2 * dp + q) * kNB + rr];
