@@ -50,28 +50,27 @@ PIECES_PER_SLOT = 6
 PIECE_PADDING = 0.02
 #: SMs of the device a library is built for when the plan names none (an H100 SXM's).
 DEFAULT_SMS = 132
-#: The cost model's fits to the kernels' times on an H100 (T = 1024, B = 4, LSTM and GRU at
-#: 2304-4032 units, 10-32 %; benchmarks/results/sparse-h100-*.json), µs a step: the forward's
-#: part beyond its stages, slots and entries; a slot's end (a warp's reduction), paid again
-#: per extra chunk at SLOT_REPEAT; an entry of a block's fullest strip (about 15 instructions a 32,
-#: issue-bound); the backward's part beyond its stages and entries; an extra chunk of the
-#: backward (a stage, two barriers, the slots' ends), fixed and per unit of the head.
-FORWARD_STEP_US = 0.21
-SLOT_US = 0.048
-SLOT_REPEAT = 0.75
-ENTRY_US = 0.0744e-3
-BACKWARD_STEP_US = 3.5
-BACKWARD_CHUNK_US = 0.6
-BACKWARD_CHUNK_US_PER_UNIT = 0.3e-3
+#: The cost model, µs a step, fit to the kernels' times on an H100 (T = 1024, random masks: LSTM
+#: at 2304 units 10-45 %, 3840 and 5280 units 10 %, GRU at 2304 units 30 % and, at B = 16, 30 and
+#: 60 %; benchmarks/results/sparse-parts-h100-2026-11-27.txt, within 8 % of each, the GRU at 8
+#: batch rows within 10 %): the forward's part beyond its stages, slots and entries; a slot's
+#: sums (its pieces' stores, and their fold); an entry of a block's fullest strip (about 13
+#: instructions a 32, issue-bound), times ROWS8_ENTRY at 8 batch rows (a 16-byte load, 8 adds);
+#: an extra chunk of the forward (a stage, barriers, a fold); the backward's part beyond its
+#: stages and entries; an extra chunk of the backward, fixed and per unit of the head.
+FORWARD_STEP_US = 1.0
+SLOT_US = 0.02
+ENTRY_US = 0.1e-3
+ROWS8_ENTRY = 1.17
+FORWARD_CHUNK_US = 0.065
+BACKWARD_STEP_US = 3.26
+BACKWARD_CHUNK_US = 0.30
+BACKWARD_CHUNK_US_PER_UNIT = 0.17e-3
 #: A layout with entries in registers (8 warps a block: less latency hidden, and unrolled code
-#: for the register steps) against the shared-memory model above, forward and backward: fits to
-#: the LSTM at 2304 units, 45 %, and at 5280 units, 10 % on an H100
-#: (benchmarks/results/sparse-ab-h100-2026-11-27.txt). These constants were fit before the
-#: entries were laid out in pieces (no slot ends inside a warp's steps): the model now predicts
-#: 31.5 µs a forward step at 5280 units where the kernel runs 22.6, and 14.5 at 45 % where it
-#: runs 14.9 (benchmarks/results/sparse-pieces-h100-2026-11-27.txt); not refit yet.
-REG_LAYOUT_FW = 1.5
-REG_LAYOUT_BW = 1.8
+#: for the register steps) against the shared-memory model above, forward and backward (the
+#: same fit).
+REG_LAYOUT_FW = 1.13
+REG_LAYOUT_BW = 1.07
 
 
 def block_units(head_dim: int, sm_count: int) -> int:
@@ -404,15 +403,15 @@ class GridSparse(Variant):
         p = problem
         units, nb, limit = block_units(p.head_dim, caps.sm_count), rows(p), smem_limit(caps)
         gr = max(p.gates_r, 1)
-        entries_us = strip_entries(p, units) * ENTRY_US
+        entries_us = strip_entries(p, units) * ENTRY_US * (ROWS8_ENTRY if nb == 8 else 1.0)
         l2 = caps.l2_gbs_per_sm * 1e3  # bytes per µs into one SM after the wait
         found = layout(p, units, limit)
         fw, bw = found if found is not None else (None, None)
         halves = fw.split if fw else max(_splits(p))
         terms: tuple[tuple[str, float], ...] = (
-            ("step", FORWARD_STEP_US),
+            ("step", FORWARD_STEP_US + (halves - 1) * FORWARD_CHUNK_US),
             ("gather", p.head_dim * nb * p.dtype_bytes / l2),
-            ("slots", SLOT_US * gr * units * (1 + SLOT_REPEAT * (halves - 1))),
+            ("slots", SLOT_US * gr * units),
             ("entries", entries_us),
         )
         unit = sum(us for _, us in terms)
