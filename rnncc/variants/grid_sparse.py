@@ -38,10 +38,11 @@ if TYPE_CHECKING:
 #: A block's threads where shared memory holds its entries: 16 warps share them.
 THREADS = 512
 #: A block's threads where its lanes' registers hold part of its entries as well (8 warps,
-#: up to 255 registers each), and the entries each thread holds there at 4 and at 8 batch rows
-#: (ptxas keeps every example's kernels under the register limit, no spills, at these).
+#: up to 255 registers each), and the entries each thread holds there at 4 and at 8 batch rows,
+#: forward and backward (ptxas keeps every example's kernels under the register limit, no
+#: spills, at these: 8 more in the sLSTM's backward at 5280 units spilled).
 REG_THREADS = 256
-REG_ENTRIES = {4: 144, 8: 128}
+REG_ENTRIES = {(4, False): 152, (4, True): 144, (8, False): 128, (8, True): 128}
 #: Pieces a slot's entries are cut into, at least, over a step's chunks (``rounds``): LSTM and
 #: GRU at 2304-5280 units, 10-60 %, on an H100 (benchmarks/results/sparse-pieces-h100-2026-11-27.txt).
 PIECES_PER_SLOT = 6
@@ -202,7 +203,7 @@ def side(p: Problem, units: int, backward: bool, smem: int, threads: int) -> Sid
     halves (a stage and two barriers more a step); shared memory alone, then with the lanes'
     registers (``REG_ENTRIES`` a thread, at ``REG_THREADS`` threads)."""
     gr = max(p.gates_r, 1)
-    regs = REG_ENTRIES[rows(p)] if threads == REG_THREADS else 0
+    regs = REG_ENTRIES[rows(p), backward] if threads == REG_THREADS else 0
     options = (
         [(gr, 1)] + [(1, s) for s in _splits(p) if gr > 1 or s > 1]
         if backward
@@ -304,7 +305,7 @@ def _entries_usage(p: Problem, caps: HardwareCaps, point: Point) -> tuple[float,
             room = _room(p, units, backward, found[backward])
         else:
             split = max(_splits(p))
-            steps = REG_ENTRIES[rows(p)] // _chunks(p, backward, 1, split)
+            steps = REG_ENTRIES[rows(p), backward] // _chunks(p, backward, 1, split)
             roomiest = _side(p, units, backward, limit, REG_THREADS, 1, split, steps)
             room = _room(p, units, backward, roomiest)
         sides.append((need, room))
@@ -335,7 +336,8 @@ class GridSparse(Variant):
             "entries_fit_on_chip",
             "the non-zeros of a block's fullest strip of R (4 bytes each) fit its shared "
             "memory beside h or a gate's rows of dg, with its lanes' registers "
-            f"({REG_ENTRIES[4]} a thread at {REG_THREADS} threads, {REG_ENTRIES[8]} at 8 batch rows) "
+            f"({REG_ENTRIES[4, False]} a thread forward, {REG_ENTRIES[4, True]} backward, at "
+            f"{REG_THREADS} threads; {REG_ENTRIES[8, False]} at 8 batch rows) "
             "where shared memory alone does not",
             entries_fit_on_chip,
             usage=_entries_usage,
