@@ -20,6 +20,7 @@ import torch
 from gpu_reference import DTYPES, case_id, check_against_reference, load_examples
 
 import rnncc.variants
+from rnncc.variants.grid_sparse import REG_ENTRIES
 
 pytestmark = pytest.mark.gpu
 
@@ -56,13 +57,13 @@ BUILDS = {
     ("lstm", 4, 2304, 0.307): {"fw_split": 2, "bw_split": 2},
     # past what shared memory holds: the lanes' registers hold part of the entries (the
     # backward's chunks, and so its register steps, follow the mask's fullest piece)
-    ("lstm", 4, 2304, 0.45): {"threads": 256, "fw_reg_steps": 144},
-    ("gru", 16, 2304, 0.6): {"threads": 256, "fw_reg_steps": 128},
+    ("lstm", 4, 2304, 0.45): {"threads": 256, "fw_reg_steps": REG_ENTRIES[4, False]},
+    ("gru", 16, 2304, 0.6): {"threads": 256, "fw_reg_steps": REG_ENTRIES[8, False]},
     # 2.5 times the dense kernels' limit: h in halves, dg a gate and a half at a time
     ("lstm", 4, 5280, 0.1): {
         "threads": 256,
-        "fw_reg_steps": 72,
-        "bw_reg_steps": 18,
+        "fw_reg_steps": REG_ENTRIES[4, False] // 2,
+        "bw_reg_steps": REG_ENTRIES[4, True] // 8,
         "fw_split": 2,
         "bw_split": 2,
     },

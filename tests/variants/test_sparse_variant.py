@@ -66,7 +66,11 @@ def test_planned_for_masks_that_fit_and_only_those():
 def test_the_operand_is_staged_in_halves_only_where_the_entries_need_the_room():
     for density, split in ((0.3, 1), (0.301, 1), (0.302, 2), (0.31, 2)):
         build = SPARSE.build(lstm(2304, density=density), H100)
-        assert (build["threads"], build["fw_split"], build["bw_split"]) == (gs.THREADS, split, split)
+        assert (build["threads"], build["fw_split"], build["bw_split"]) == (
+            gs.THREADS,
+            split,
+            split,
+        )
         assert build["fw_entries"] >= gs.strip_entries(lstm(2304, density=density), 18)
     # past halves at 512 threads, halves at 256 (whose pieces' sums take half the room)
     build = SPARSE.build(lstm(2304, density=0.32), H100)
@@ -108,7 +112,10 @@ def test_register_steps_hold_what_shared_memory_cannot_of_the_fullest_piece():
     )
     assert ruled_out(uneven) == ["entries_fit_on_chip"]
     # 8 batch rows: fewer registers a thread
-    assert SPARSE.build(lstm(2304, B=16, density=0.45), H100)["fw_reg_steps"] == gs.REG_ENTRIES[8, False]
+    assert (
+        SPARSE.build(lstm(2304, B=16, density=0.45), H100)["fw_reg_steps"]
+        == gs.REG_ENTRIES[8, False]
+    )
 
 
 def test_the_plan_follows_the_measured_h100_pairs():
