@@ -51,22 +51,22 @@ PIECES_PER_SLOT = 6
 PIECE_PADDING = 0.02
 #: SMs of the device a library is built for when the plan names none (an H100 SXM's).
 DEFAULT_SMS = 132
-#: The cost model, µs a step, fit to the kernels' times on an H100 (T = 1024, random masks: LSTM
-#: at 2304 units 10-45 %, 3840 and 5280 units 10 %, GRU at 2304 units 30 % and, at B = 16, 30 and
-#: 60 %; benchmarks/results/sparse-parts-h100-2026-11-27.txt, within 8 % of each, the GRU at 8
-#: batch rows within 10 %): the forward's part beyond its stages, slots and entries; a slot's
-#: sums (its pieces' stores, and their fold); an entry of a block's fullest strip (about 13
-#: instructions a 32, issue-bound), times ROWS8_ENTRY at 8 batch rows (a 16-byte load, 8 adds);
-#: an extra chunk of the forward (a stage, barriers, a fold); the backward's part beyond its
-#: stages and entries; an extra chunk of the backward, fixed and per unit of the head.
-FORWARD_STEP_US = 1.0
-SLOT_US = 0.02
+#: The cost model, µs a step, fit to the kernels' times on an H100 (T = 1024, random masks: the
+#: LSTM at 2304 units 10-45 %, at 3840 and 5280 units 10 %, the GRU at 2304 units 30 % and, at
+#: B = 16, 30 and 60 %; benchmarks/results/sparse-parts-h100-2026-11-27.txt; each within 12 %,
+#: tests/variants/test_sparse_variant.py): the forward's part beyond its stage, slots and
+#: entries; a slot's sums (its pieces' stores and their fold); an entry of a block's fullest
+#: strip (about 13 instructions a 32, issue-bound), ROWS8_ENTRY times that at 8 batch rows (a
+#: 16-byte load and 8 adds); the backward's part beyond its stages and entries; an extra chunk
+#: of the backward, fixed and per unit of the head. The forward's halves cost nothing the fit
+#: could see.
+FORWARD_STEP_US = 0.75
+SLOT_US = 0.019
 ENTRY_US = 0.1e-3
-ROWS8_ENTRY = 1.17
-FORWARD_CHUNK_US = 0.065
-BACKWARD_STEP_US = 3.26
-BACKWARD_CHUNK_US = 0.30
-BACKWARD_CHUNK_US_PER_UNIT = 0.17e-3
+ROWS8_ENTRY = 1.16
+BACKWARD_STEP_US = 2.74
+BACKWARD_CHUNK_US = 0.35
+BACKWARD_CHUNK_US_PER_UNIT = 0.18e-3
 #: A layout with entries in registers (8 warps a block: less latency hidden, and unrolled code
 #: for the register steps) against the shared-memory model above, forward and backward (the
 #: same fit).
@@ -409,9 +409,8 @@ class GridSparse(Variant):
         l2 = caps.l2_gbs_per_sm * 1e3  # bytes per µs into one SM after the wait
         found = layout(p, units, limit)
         fw, bw = found if found is not None else (None, None)
-        halves = fw.split if fw else max(_splits(p))
         terms: tuple[tuple[str, float], ...] = (
-            ("step", FORWARD_STEP_US + (halves - 1) * FORWARD_CHUNK_US),
+            ("step", FORWARD_STEP_US),
             ("gather", p.head_dim * nb * p.dtype_bytes / l2),
             ("slots", SLOT_US * gr * units),
             ("entries", entries_us),
