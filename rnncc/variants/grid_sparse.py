@@ -7,7 +7,9 @@ where that alone cannot hold them, part in its lanes' registers as well (``REG_T
 threads of ``REG_ENTRIES`` entries each). The forward's strip is R's rows of the block's units
 (all gates), the backward's R's columns of them (all gate rows). The kernel finds them itself
 before the first step (zeros of R are skipped, so a mask's dropped entries cost nothing) and
-cuts each slot's into pieces that a lane runs whole, 32 pieces a warp's round (``pieces``). The
+cuts each slot's into pieces that a lane runs whole, 32 pieces a warp's round (``pieces``); a
+round's end stores each lane's sums as its piece's, and the block adds each slot's pieces up
+after the chunk (no atomics: a step's sums are the same whatever the warps' timing). The
 plan counts the shared memory that takes from the mask's entries per block, chunk and slot
 (``Problem.slot_counts``) exactly, or estimates it from the kept fraction of the mask's fullest
 strip (``Problem.density``) and of its fullest half strip (``Problem.piece_density``). A step

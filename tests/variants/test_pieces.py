@@ -98,6 +98,14 @@ def kernel_layout(mask, chunks, warps, rounds, reg_steps, banks):
     return out, firsts
 
 
+def store(parts, lanes, acc):
+    """A round's end: lane l's sums to its piece's place (once a chunk), then zeros."""
+    for lane, (_, i) in enumerate(lanes):
+        assert np.isnan(parts[i])  # each piece stored once
+        parts[i] = acc[lane]
+    acc[:] = 0
+
+
 @pytest.mark.parametrize(
     "slots, chunks, warps, rounds, reg_steps, banks, density",
     [
@@ -123,15 +131,6 @@ def test_every_entry_runs_once_into_its_slot_and_the_model_counts_the_steps(
     for (c, w), (rows, round_ends, slots_of) in layout.items():
         steps[0, c, w] = len(rows)
         acc, kk = np.zeros(32), 0
-
-        def finish():
-            nonlocal kk
-            for lane, (_, i) in enumerate(slots_of[kk]):
-                assert np.isnan(parts[c, i])  # each piece stored once
-                parts[c, i] = acc[lane]
-            acc[:] = 0
-            kk += 1
-
         for j, row in enumerate(rows):
             for lane, e in enumerate(row):
                 if e is not None:
@@ -139,11 +138,13 @@ def test_every_entry_runs_once_into_its_slot_and_the_model_counts_the_steps(
                     assert s == slots_of[kk][lane][0]  # a lane's entries are its piece's slot's
                     seen.append((s, c * cols + col))
                     acc[lane] += value[s, c * cols + col] * h[c * cols + col]
-            if j + 1 == round_ends[kk]:
-                finish()
+            if j + 1 == round_ends[kk]:  # a round's end: each lane's sums to its piece's place
+                store(parts[c], slots_of[kk], acc)
+                kk += 1
         while kk < rounds:  # the rounds of empty pieces, after the others
             assert round_ends[kk] == len(rows)
-            finish()
+            store(parts[c], slots_of[kk], acc)
+            kk += 1
     assert sorted(seen) == sorted(zip(*np.nonzero(mask)))
     for c, first in enumerate(firsts):  # fold: a slot's pieces are first[s] to first[s + 1]
         assert not np.isnan(parts[c]).any()
