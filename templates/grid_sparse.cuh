@@ -177,82 +177,118 @@ struct Kernels : MmaCommon<C> {
   // the 16-bit pattern of strip s's column j (j < kChunks kCols; chunk j / kCols). Within a
   // (chunk, slot), the entries go by bank group (a column's group: j % kBanks), in column
   // order within one, and each group's count goes to the scratch's groups: a piece can then
-  // take its entries group by group (`distribute`). Each strip is read three times: counts,
-  // then per (chunk, slot) its groups' counts and the entries.
+  // take its entries group by group (`distribute`). Chunk by chunk, each strip is read twice:
+  // each lane's count of its columns' non-zeros (so each group's and the slot's), then the
+  // entries. A warp takes a slot's 32 kLoads columns at a time. The forward's strips are rows
+  // of R, read straight from it (a warp's 32 columns are adjacent); the backward's are columns,
+  // so the block first copies a tile of kTile columns of every slot into shared memory, a
+  // row of R's (kU adjacent values) at a time, and its warps read their slots from there.
+  // The shared memory of the entries is free until `distribute`: each (slot, lane)'s count
+  // or next entry, then the tile.
+  static constexpr int kLoads = 8;  // a lane's loads in flight
+  static constexpr int kTile = 32 * kLoads;
   template <bool Fw, class At>
   static __device__ void gather(unsigned char* smem, uint32_t* const scratch, const At& at) {
     using Sh = Shape<Fw>;
+    static_assert(4 * 32 * Sh::kSlots + (Fw ? 0 : 2 * kTile * Sh::kSlots) <= 4 * Sh::kCap,
+                  "the prologue's counts and tile fit the entries' space");
     int* const start = reinterpret_cast<int*>(smem + Sh::kStart);
+    int* const state = reinterpret_cast<int*>(smem);  // [slot][lane]
+    unsigned short* const tile = reinterpret_cast<unsigned short*>(smem + 4 * 32 * Sh::kSlots);  // [column][slot]
     uint32_t* const ent = scratch + Sh::kScrEntries;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, group = lane % kBanks;
-    constexpr int kLoads = 8;  // a lane's loads in flight
     auto nonzero = [](const unsigned short v) { return (v & 0x7fffu) != 0; };
-    // lane's columns j0 + 32 i + lane (i < kLoads) of strip s, chunk c: 0 past the strip
+    // the tile of chunk c's columns [j0, j0 + kTile) (backward; a barrier before and after)
+    auto load_tile = [&](const int c, const int j0) {
+      if constexpr (!Fw) {
+        __syncthreads();
+        constexpr int kCount = kTile * Sh::kSlots, kBatch = 8;
+        for (int i0 = threadIdx.x; i0 < kCount; i0 += kBatch * kThreads) {
+          unsigned short v[kBatch];
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b) {
+            const int i = i0 + b * kThreads, j = j0 + i / Sh::kSlots;
+            v[b] = i < kCount && j < Sh::kCols ? at(i % Sh::kSlots, c * Sh::kCols + j) : (unsigned short)0;
+          }
+#pragma unroll
+          for (int b = 0; b < kBatch; ++b)
+            if (i0 + b * kThreads < kCount) tile[i0 + b * kThreads] = v[b];
+        }
+        __syncthreads();
+      }
+    };
+    // lane's columns j0 + 32 i + lane (i < kLoads) of slot s, chunk c: 0 past the strip
     auto load = [&](const int s, const int c, const int j0, unsigned short (&v)[kLoads]) {
 #pragma unroll
       for (int i = 0; i < kLoads; ++i) {
         const int j = j0 + 32 * i + lane;
-        v[i] = j < Sh::kCols ? at(s, c * Sh::kCols + j) : (unsigned short)0;
+        if constexpr (Fw)
+          v[i] = j < Sh::kCols ? at(s, c * Sh::kCols + j) : (unsigned short)0;
+        else
+          v[i] = tile[(32 * i + lane) * Sh::kSlots + s];  // 0 past the strip (load_tile)
       }
     };
-    for (int s = warp; s < Sh::kSlots; s += kWarps) {
-      for (int c = 0; c < Sh::kChunks; ++c) {
-        int count = 0;
-        for (int j0 = 0; j0 < Sh::kCols; j0 += 32 * kLoads) {
-          unsigned short v[kLoads];
-          load(s, c, j0, v);
-#pragma unroll
-          for (int i = 0; i < kLoads; ++i) count += __popc(__ballot_sync(0xffffffffu, nonzero(v[i])));
-        }
-        if (lane == 0) start[c * Sh::kSlots + s] = count;
-      }
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {  // once per launch: a few hundred slots
-      int run = 0;
-      for (int i = 0; i < Sh::kChunks * Sh::kSlots; ++i) {
-        const int v = start[i];
-        start[i] = run;
-        run += v;
-      }
-      start[Sh::kChunks * Sh::kSlots] = run;
-      if (run > C::kScratch - Sh::kScrEntries) __trap();  // the host checked the mask's strips against the capacity
-    }
-    __syncthreads();
     unsigned same = 0;  // the lanes of this lane's bank group
     for (int l = group; l < 32; l += kBanks) same |= 1u << l;
     const unsigned below = (1u << lane) - 1u;
-    for (int s = warp; s < Sh::kSlots; s += kWarps) {
-      for (int c = 0; c < Sh::kChunks; ++c) {
-        int mine = 0;  // non-zeros of this lane's columns, then of its bank group
-        for (int j0 = 0; j0 < Sh::kCols; j0 += 32 * kLoads) {
+    int run = 0;  // entries before chunk c (thread 0's)
+    for (int c = 0; c < Sh::kChunks; ++c) {
+      for (int s = warp; s < Sh::kSlots; s += kWarps) state[s * 32 + lane] = 0;
+      for (int j0 = 0; j0 < Sh::kCols; j0 += kTile) {
+        load_tile(c, j0);
+        for (int s = warp; s < Sh::kSlots; s += kWarps) {
           unsigned short v[kLoads];
           load(s, c, j0, v);
+          int mine = 0;
 #pragma unroll
           for (int i = 0; i < kLoads; ++i) mine += nonzero(v[i]) ? 1 : 0;
+          state[s * 32 + lane] += mine;
         }
+      }
+      for (int s = warp; s < Sh::kSlots; s += kWarps) {  // each group's count, the slot's
+        int mine = state[s * 32 + lane];
 #pragma unroll
         for (int o = kBanks; o < 32; o <<= 1) mine += __shfl_xor_sync(0xffffffffu, mine, o);
         if (lane < kBanks) scratch[Sh::kScrGroups + (c * Sh::kSlots + s) * kBanks + lane] = mine;
-        int pos = start[c * Sh::kSlots + s];  // the group's first entry
+        int below_group = 0, total = 0;  // entries of the groups before this lane's, of all
 #pragma unroll
         for (int k = 0; k < kBanks; ++k) {
           const int n = __shfl_sync(0xffffffffu, mine, k);
-          pos += k < group ? n : 0;
+          below_group += k < group ? n : 0;
+          total += n;
         }
-        for (int j0 = 0; j0 < Sh::kCols; j0 += 32 * kLoads) {
+        state[s * 32 + lane] = below_group;
+        if (lane == 0) start[c * Sh::kSlots + s] = total;
+      }
+      __syncthreads();
+      if (threadIdx.x == 0) {  // once per chunk: a few dozen slots
+        for (int s = 0; s < Sh::kSlots; ++s) {
+          const int v = start[c * Sh::kSlots + s];
+          start[c * Sh::kSlots + s] = run;
+          run += v;
+        }
+        start[Sh::kChunks * Sh::kSlots] = run;
+        if (run > C::kScratch - Sh::kScrEntries) __trap();  // the host checked the mask's strips against the capacity
+      }
+      __syncthreads();
+      for (int s = warp; s < Sh::kSlots; s += kWarps) state[s * 32 + lane] += start[c * Sh::kSlots + s];  // the group's first
+      for (int j0 = 0; j0 < Sh::kCols; j0 += kTile) {
+        load_tile(c, j0);
+        for (int s = warp; s < Sh::kSlots; s += kWarps) {
           unsigned short v[kLoads];
           load(s, c, j0, v);
+          int pos = state[s * 32 + lane];
 #pragma unroll
           for (int i = 0; i < kLoads; ++i) {
             const unsigned m = __ballot_sync(0xffffffffu, nonzero(v[i])) & same;
             if (nonzero(v[i])) ent[pos + __popc(m & below)] = ((uint32_t)v[i] << 16) | column_bits<Fw>(j0 + 32 * i + lane);
             pos += __popc(m);
           }
+          state[s * 32 + lane] = pos;
         }
       }
+      __syncthreads();
     }
-    __syncthreads();
   }
 
   // The entries the prologue found (the scratch's, in the order of `start`) to where the steps
