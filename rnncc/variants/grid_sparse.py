@@ -69,9 +69,10 @@ ROWS8_ENTRY = 1.16
 BACKWARD_STEP_US = 2.74
 BACKWARD_CHUNK_US = 0.35
 BACKWARD_CHUNK_US_PER_UNIT = 0.18e-3
-#: A layout with entries in registers (8 warps a block: less latency hidden, and unrolled code
-#: for the register steps) against the shared-memory model above, forward and backward (the
-#: same fit).
+#: A layout at REG_THREADS threads (8 warps a block: less latency hidden; with entries in
+#: registers, unrolled code for the register steps too) against the shared-memory model above,
+#: forward and backward (the same fit; at 256 threads without register entries, LSTM 2304
+#: units at a 32 % strip, the forward measured 1.17 times the 512-thread halves layout's).
 REG_LAYOUT_FW = 1.13
 REG_LAYOUT_BW = 1.07
 
@@ -426,10 +427,10 @@ class GridSparse(Variant):
             + entries_us
             + (chunks - 1) * per_chunk
         )
-        if fw is not None and fw.reg_steps:
+        if fw is not None and fw.threads == REG_THREADS:
             terms = tuple((name, us * REG_LAYOUT_FW) for name, us in terms)
             unit *= REG_LAYOUT_FW
-        if bw is not None and bw.reg_steps:
+        if bw is not None and bw.threads == REG_THREADS:
             backward *= REG_LAYOUT_BW
         launches = self._split(p, caps)[2]
         return Cost(terms, launches, unit * launches, backward * launches)
