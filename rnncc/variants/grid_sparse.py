@@ -69,12 +69,13 @@ ROWS8_ENTRY = 1.16
 BACKWARD_STEP_US = 2.74
 BACKWARD_CHUNK_US = 0.35
 BACKWARD_CHUNK_US_PER_UNIT = 0.18e-3
-#: A layout at REG_THREADS threads (8 warps a block: less latency hidden; with entries in
-#: registers, unrolled code for the register steps too) against the shared-memory model above,
-#: forward and backward (the same fit; at 256 threads without register entries, LSTM 2304
-#: units at a 32 % strip, the forward measured 1.17 times the 512-thread halves layout's).
+#: A layout at REG_THREADS threads (8 warps a block: less latency hidden) against the
+#: shared-memory model above, forward and backward: with entries in registers (the same fit),
+#: and the forward without (all its entries in shared memory, read by half the warps: the LSTM
+#: at 2304 units and a 32 % strip, 9.4-9.9 ms where the model above gives 7.9 µs a step).
 REG_LAYOUT_FW = 1.13
 REG_LAYOUT_BW = 1.07
+SHARED_256_FW = 1.22
 
 
 def block_units(head_dim: int, sm_count: int) -> int:
@@ -428,8 +429,9 @@ class GridSparse(Variant):
             + (chunks - 1) * per_chunk
         )
         if fw is not None and fw.threads == REG_THREADS:
-            terms = tuple((name, us * REG_LAYOUT_FW) for name, us in terms)
-            unit *= REG_LAYOUT_FW
+            factor = REG_LAYOUT_FW if fw.reg_steps else SHARED_256_FW
+            terms = tuple((name, us * factor) for name, us in terms)
+            unit *= factor
         if bw is not None and bw.threads == REG_THREADS:
             backward *= REG_LAYOUT_BW
         launches = self._split(p, caps)[2]

@@ -123,8 +123,13 @@ def test_the_plan_follows_the_measured_h100_pairs():
     # (random masks, B = 4 unless said, ms forward): sparse faster at 30 % (7.2-7.3 against
     # grid_stream's 7.5-8.8 on R * mask) and at 10 % (4.7-4.9), and at 3840 units (7.9 against
     # 29.8); slower where its entries need registers (2304 units, 45 %: 11.4) and at 8 batch
-    # rows (GRU, B = 16, 30 %: 15.9 against 11.4)
+    # rows (GRU, B = 16, 30 %: 15.9 against 11.4), and at 256 threads without register entries
+    # (a 32 % strip: 9.4-9.9 against 8.7-8.8), where the 512-thread halves (31.6 %: 8.3-8.4) are
+    # faster
     assert solve(lstm(2304, density=0.3), H100).variant == "grid_sparse"
+    assert solve(lstm(2304, density=0.31), H100).variant == "grid_sparse"
+    assert threads(lstm(2304, density=0.32)) == gs.REG_THREADS
+    assert solve(lstm(2304, density=0.32), H100).variant == "grid_stream"
     assert solve(lstm(2304, density=0.1), H100).variant == "grid_sparse"
     assert solve(lstm(3840, density=0.1), H100).variant == "grid_sparse"
     assert solve(lstm(2304, density=0.45), H100).variant == "grid_stream"
