@@ -157,8 +157,6 @@ struct Kernels : MmaCommon<C> {
     // costs a wait of its own, so this pays only where the product is long: two parts of a
     // narrow block's 8 n tiles (fewer n tiles, or more parts, lose more to the waits).
     constexpr int kSplit = NT == 8 && UW == 1 ? 2 : 1, kNTh = NT / kSplit;
-    // n tiles whose h fragments are loaded at once (wide, fp32: one, for their registers)
-    constexpr int kJ = kNTh < 2 || UW >= 2 || sizeof(T) == 4 ? 1 : 2;
     // Streaming blocks of several n tiles read each streamed fragment of R once a step for kJS
     // n tiles (kStreamOnce): the n tiles' products run over the k tiles on chip (kPKT) one n
     // tile at a time, then over the streamed ones kJS n tiles at a time, kSG tiles' h
@@ -167,6 +165,10 @@ struct Kernels : MmaCommon<C> {
     constexpr bool kStreamOnce = kGKT > 0 && kNTh >= 2;
     constexpr int kPKT = kStreamOnce ? kRKT + kSKT : kKT, kJS = 2, kSG = 4;
     static_assert(!kStreamOnce || (kPKT > 0 && kNTh % kJS == 0), "n tiles in pairs, a k tile on chip");
+    // n tiles whose h fragments are loaded at once: two, so that the second n tile's loads do not
+    // wait behind the first's product; one in fp32, and on wide blocks whose warps take kJoinKT
+    // k tiles or more, or which have more than two n tiles (for their registers: those spilled).
+    constexpr int kJ = kNTh < 2 || sizeof(T) == 4 || (UW >= 2 && (kPKT >= kJoinKT || kNTh > 2)) ? 1 : 2;
     // A cell lane's batch rows: 8 jt + 2 c4 + q + qs for q < kQ. Where a narrow block has twice as
     // many warps as n tiles, two cell warps share an n tile, one per row parity qs (kQ = 1): each
     // lane sums and runs the cell for one row rather than two, which shortens a narrow block's
