@@ -569,8 +569,12 @@ struct Kernels : MmaCommon<C> {
       const int e = g1 < kGKT ? g1 : kGKT;
       if (kGKT > 0 && lane == 0 && g0 < e) rnncc::prefetch_l2_bulk(gst - lane + g0 * kFA * 32, (unsigned)(e - g0) * kStreamTile);
     };
+    // A k tile's loads of R wait for the tile before's first (chain: zero, which the compiler
+    // cannot know): all of them at once took more than 255 registers (the LSTM's wide backward at
+    // 512 units spilled), and the fill runs once.
+    uint32_t chain = 0u;
     auto fill = [&](const int i) {
-      const T* R = static_cast<const T*>(a.R);
+      const T* R = static_cast<const T*>(a.R) + chain;
       const int r0 = 16 * (kKT * warp + i) + 2 * c4, r1 = r0 + 8;
       auto rt = [&](const int r, const int d) {  // Rᵀ[d][r r + 1], packed
         return rnncc::pack2<T>(r_at(R, a.NH, n, r / kKP, r % kKP, d), r_at(R, a.NH, n, (r + 1) / kKP, (r + 1) % kKP, d));
@@ -587,6 +591,7 @@ struct Kernels : MmaCommon<C> {
         } else {
           f[1] = rt(r1, in);
         }
+        chain = rnncc::any_bits(f[0]) & rnncc::opaque_zero(a.B);
         if (i < kRKT) {
 #pragma unroll
           for (int r = 0; r < kF; ++r) rf[i < kRKT ? i : 0][ua][r] = f[r];

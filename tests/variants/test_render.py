@@ -393,8 +393,8 @@ def test_templates_do_not_recompute_the_build_record(template):
 def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
     """The libraries the planner can choose on the device of ``caps`` for every example: the
     block variants at two head dims; the grid tier (28 kernels a library: the costly builds)
-    at 256 units for every example, at 768 for the largest cells (and 1024 for the sLSTM), at
-    a small head once, and past 1024 units split wide blocks and streaming blocks.
+    at 256 units for every example, at 768 for the largest cells (and 1024 for the sLSTM, 512
+    for the LSTM), at a small head once, and past 1024 units split wide blocks and streaming blocks.
     ``wide=False`` (the other architectures): the block variants at one head dim and the grid
     tier at 256 units (for LSTM, GRU, sLSTM and the peephole LSTM), and the LSTM's at 448 (the
     largest head of wide blocks there) and, on sm_80, 768 (narrow blocks only: wide ones
@@ -412,6 +412,9 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
+        # The LSTM at 512 units: its wide backward (8 warps, up to 255 registers a thread)
+        # spilled while ptxas issued every k tile's loads of R at once in the prologue.
+        cases += [(cells["lstm"], GRID, 512)]
         # At 1024 units the narrow backward of 4-gate cells keeps part of R in shared memory
         # (with all of it in registers they spilled): the sLSTM's, which spilled the most.
         cases += [(cells["slstm"], GRID, 1024)]
