@@ -167,7 +167,8 @@ struct Kernels : MmaCommon<C> {
     static_assert(!kStreamOnce || (kPKT > 0 && kNTh % kJS == 0), "n tiles in pairs, a k tile on chip");
     // n tiles whose h fragments are loaded at once: two, so that the second n tile's loads do not
     // wait behind the first's product; one in fp32, and on wide blocks whose warps take kJoinKT
-    // k tiles or more, or which have more than two n tiles (for their registers: those spilled).
+    // k tiles or more, or which have more than two n tiles (their registers do not hold two n
+    // tiles' fragments beside the rest).
     constexpr int kJ = kNTh < 2 || sizeof(T) == 4 || (UW >= 2 && (kPKT >= kJoinKT || kNTh > 2)) ? 1 : 2;
     // A cell lane's batch rows: 8 jt + 2 c4 + q + qs for q < kQ. Where a narrow block has twice as
     // many warps as n tiles, two cell warps share an n tile, one per row parity qs (kQ = 1): each
@@ -570,8 +571,8 @@ struct Kernels : MmaCommon<C> {
       if (kGKT > 0 && lane == 0 && g0 < e) rnncc::prefetch_l2_bulk(gst - lane + g0 * kFA * 32, (unsigned)(e - g0) * kStreamTile);
     };
     // A k tile's loads of R wait for the tile before's first (chain: zero, which the compiler
-    // cannot know): all of them at once took more than 255 registers (the LSTM's wide backward at
-    // 512 units spilled), and the fill runs once.
+    // cannot know), so that ptxas does not issue every tile's loads at once, past the registers
+    // a thread has; the fill runs once.
     uint32_t chain = 0u;
     auto fill = [&](const int i) {
       const T* R = static_cast<const T*>(a.R) + chain;

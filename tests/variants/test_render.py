@@ -412,8 +412,8 @@ def _nvcc_sources(caps=H100, wide: bool = True) -> list[GeneratedSource]:
         cases += [(c, MMA, 128) for c in cells.values()]
         cases += [(cells["lstm"], GRID, 24)]
         cases += [(cells[n], GRID, 768) for n in ("lstm", "slstm", "peephole_lstm", "gru")]
-        # The LSTM at 512 units: its wide backward (8 warps, up to 255 registers a thread)
-        # spilled while ptxas issued every k tile's loads of R at once in the prologue.
+        # The LSTM at 512 units: its wide backward has 8 warps, up to 255 registers a thread,
+        # where ptxas schedules the prologue's loads of R most freely.
         cases += [(cells["lstm"], GRID, 512)]
         # At 1024 units the narrow backward of 4-gate cells keeps part of R in shared memory
         # (with all of it in registers they spilled): the sLSTM's, which spilled the most.
