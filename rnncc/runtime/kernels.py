@@ -149,7 +149,7 @@ class KernelOps:
         self._decode_fn = decode[0] if decode else None
         name = f"{cell.name}_{build['variant']}_{_key(path)}"
         with _lock:  # op registration mutates one shared torch.library.Library
-            self.forward_op = _define_ops(name, fwd, bwd_fn, self._dims, host)
+            self.forward_op, self._forward_impl = _define_ops(name, fwd, bwd_fn, self._dims, host)
 
     def __call__(
         self,
@@ -174,9 +174,14 @@ class KernelOps:
                 f"rnncc: the {self.build['variant']} kernels were built without per-row lengths "
                 "and the reverse direction: their plan needs timeline=True"
             )
-        inputs = [t for t in (Wx, R, b, states, params) if t is not None]
-        save = torch.is_grad_enabled() and any(t.requires_grad for t in inputs)
-        y, last, _, _ = self.forward_op(
+        save = torch.is_grad_enabled() and any(
+            t is not None and t.requires_grad for t in (Wx, R, b, states, params)
+        )
+        # With nothing to differentiate, an eager call on plain tensors runs the op's CUDA
+        # implementation itself: the registered op's trip through the dispatcher and autograd
+        # is host time that a call with a short kernel waits for.
+        run = self.forward_op if save or not _eager(Wx) else self._forward_impl
+        y, last, _, _ = run(
             Wx, R, b, states, params, lengths, reverse_from, launch.as_list(), save, self.poison
         )
         return y, last
@@ -286,7 +291,15 @@ def _first_order_only(
     return tuple(None if g is None else next(wrapped) for g in grads)
 
 
-_defined: dict[str, Callable[..., tuple[Tensor, ...]]] = {}
+def _eager(t: Tensor) -> bool:
+    """Whether a call on ``t`` may skip a registered op's dispatch and run its CUDA
+    implementation: ``t`` is a plain tensor (not a fake, functional or other subclass that
+    torch.compile, export or a dispatch mode traces with) and nothing is being compiled."""
+    return type(t) is Tensor and not torch.compiler.is_compiling()
+
+
+_Ops = tuple[Callable[..., tuple[Tensor, ...]], Callable[..., tuple[Tensor, ...]]]
+_defined: dict[str, _Ops] = {}
 _library: torch.library.Library | None = None
 
 _FORWARD_SCHEMA = (
@@ -301,9 +314,9 @@ _BACKWARD_SCHEMA = (
 
 def _define_ops(
     name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int], host: str = "stepwise"
-) -> Callable[..., tuple[Tensor, ...]]:
+) -> _Ops:
     """Register (once per process) the ops of one cell library: schema, CUDA kernel, fake
-    implementation, autograd. ``host`` picks the host library's entry points
+    implementation, autograd; returns the forward op and its CUDA implementation. ``host`` picks the host library's entry points
     (``stepwise_forward``/``_backward`` or ``fused_forward``/``_backward``: same tensors).
     Registered through ``torch.library.Library`` rather than ``custom_op``, whose first call
     imports torch._dynamo (seconds) even in eager mode."""
@@ -463,7 +476,10 @@ def _define_ops(
             dy = Wx.new_zeros((O, B, T, NH, D))
         if dlast is None:
             dlast = Wx.new_zeros(ctx.states_shape)
-        dWx, dR, db, dstates, dparams = backward_op(
+        # The backward's CUDA implementation itself where nothing records its graph (as
+        # KernelOps.__call__ does for the forward).
+        direct = not torch.is_grad_enabled() and _eager(Wx)
+        dWx, dR, db, dstates, dparams = (backward if direct else backward_op)(
             dy,
             dlast.to(Wx.dtype),
             Wx,
@@ -493,8 +509,8 @@ def _define_ops(
         f"rnncc::{name}_forward", grad, setup_context=setup_context, lib=lib
     )
     op: Callable[..., tuple[Tensor, ...]] = getattr(torch.ops.rnncc, f"{name}_forward")
-    _defined[name] = op
-    return op
+    _defined[name] = (op, forward)
+    return op, forward
 
 
 @functools.cache

@@ -35,7 +35,7 @@ def test_fake_forward_and_backward_shapes(save, host):
         rec,
     ]
     name = f"fake_probe_{host}_{save}"
-    fwd = _define_ops(name, 0, 0, dims, host)
+    fwd, _ = _define_ops(name, 0, 0, dims, host)
     launch = [] if host == "stepwise" else [0] * 14
     B, T, NH, D = 2, 5, 3, 4
     s = cell.shapes(B, T, NH, D)
@@ -102,3 +102,30 @@ def test_a_second_differentiation_of_the_kernels_backward_raises():
         penalty.backward()
     # Nothing to differentiate (no input requires grad): the gradients are returned as they are.
     assert _first_order_only("fused", (None, x.detach()), (g, None))[0] is g
+
+
+def test_only_eager_calls_on_plain_tensors_skip_the_registered_op():
+    """A call with nothing to differentiate runs the op's CUDA implementation directly (less host
+    time before a short kernel starts); one that records autograd, or that torch.compile, export
+    or a fake-tensor mode traces, goes through the registered op."""
+    from types import SimpleNamespace
+
+    from rnncc.runtime.kernels import KernelOps, _eager
+
+    assert _eager(torch.ones(2))
+    with FakeTensorMode():
+        assert not _eager(torch.ones(2))
+    assert not _eager(torch.nn.Parameter(torch.ones(2)))
+
+    seen: list[tuple[str, bool]] = []
+    ops = KernelOps.__new__(KernelOps)
+    ops.build, ops.poison = {"variant": "block_mma"}, False
+    ops.forward_op = lambda *a: seen.append(("op", a[8])) or ("y", "last", None, None)
+    ops._forward_impl = lambda *a: seen.append(("impl", a[8])) or ("y", "last", None, None)
+    launch = SimpleNamespace(as_list=lambda: [0] * 16)
+    Wx, R = torch.ones(1, 2, 4, 1, 3), torch.ones(4, 1, 3, 3)
+    assert ops(Wx, R, None, Wx, None, launch) == ("y", "last")
+    assert ops(Wx, R.requires_grad_(), None, Wx, None, launch) == ("y", "last")
+    with torch.no_grad():
+        ops(Wx, R, None, Wx, None, launch)
+    assert seen == [("impl", False), ("op", True), ("impl", False)]
