@@ -194,3 +194,26 @@ def test_empty_sequence_returns_the_initial_states(cells, backend, dtype):
     }
     y, last = cell(*(x[k] for k in INPUTS), backend=backend)
     assert y.shape[2] == 0 and torch.equal(last, x["states"])
+
+
+@pytest.mark.parametrize("dtype, D", [(torch.bfloat16, 16), (torch.float32, 32)])
+def test_repeated_calls_keep_their_route_and_a_no_grad_call_runs_the_same_kernels(
+    cells, monkeypatch, dtype, D
+):
+    """A cell keeps a call's plan and ops by (backend, device, dtype, B, NH, D): the second call
+    plans nothing. A call with nothing to differentiate runs the op's CUDA implementation
+    directly; its outputs are bit-identical to a call that records autograd."""
+    cell = cells["lstm"]
+    x = random_inputs(cell.ir, 4, 3, 2, D, seed=1)
+    args = [None if x[k] is None else x[k].to("cuda", dtype) for k in INPUTS]
+    first = cell(*args, backend="fused")
+    planned = []
+    real = cell._choose
+    monkeypatch.setattr(cell, "_choose", lambda *a, **k: planned.append(a) or real(*a, **k))
+    with torch.no_grad():
+        y, last = cell(*args, backend="fused")
+    R = args[1].clone().requires_grad_()
+    y_grad, last_grad = cell(args[0], R, *args[2:], backend="fused")
+    assert planned == [] and cell.last_backend == "fused"
+    assert torch.equal(y, first[0]) and torch.equal(last, first[1])
+    assert torch.equal(y, y_grad) and torch.equal(last, last_grad) and y_grad.requires_grad

@@ -67,28 +67,3 @@ def test_a_call_launches_the_planned_kernel(cells, row):
     assert launched is cell.plan(b, nh, d, DTYPES[dtype], "cuda:0")
     if _on_the_table_gpu():  # the table is planned for an H100 SXM's caps
         assert launched.summary() == _golden()[_key(path, nh, d, dtype, b)]
-
-
-@pytest.mark.parametrize("d", [64, 768])
-def test_repeated_calls_keep_their_route_and_a_no_grad_call_runs_the_same_kernels(
-    cells, monkeypatch, d
-):
-    """A cell keeps a call's plan and ops by (backend, device, dtype, B, NH, D): the second call
-    plans nothing. A call with nothing to differentiate runs the op's CUDA implementation
-    directly; its outputs are bit-identical to a call that records autograd."""
-    path = next(row[0] for row in ROWS if row[0].stem == "lstm")
-    cell = cells[path]
-    nh = 12 if d == 64 else 1
-    x = random_inputs(cell.ir, 16, 3, nh, d, seed=1)
-    args = [None if x[k] is None else x[k].to("cuda", torch.bfloat16) for k in INPUTS]
-    first = cell(*args)
-    planned = []
-    real = cell._choose
-    monkeypatch.setattr(cell, "_choose", lambda *a, **k: planned.append(a) or real(*a, **k))
-    with torch.no_grad():
-        y, last = cell(*args)
-    R = args[1].clone().requires_grad_()
-    y_grad, last_grad = cell(args[0], R, *args[2:])
-    assert planned == [] and cell.last_plan.fused
-    assert torch.equal(y, first[0]) and torch.equal(last, first[1])
-    assert torch.equal(y, y_grad) and torch.equal(last, last_grad) and y_grad.requires_grad
