@@ -60,6 +60,7 @@ def measure(
     cells: tuple[str, ...],
     T: int = T,
     problems: list[tuple[int, int, int]] = SHAPES,
+    system: str = "rnncc",
 ) -> list[dict]:
     import torch
 
@@ -110,7 +111,8 @@ def measure(
                 y, last = cell(leaves["Wx"], leaves.get("R"), leaves.get("b"), backend="fused")
                 (y.float().sum() + last.float().sum()).backward()
 
-            rec = {"cell": name, "NH": nh, "D": d, "B": b, "T": T, "dtype": "bf16"}
+            rec = {"system": system, "cell": name, "NH": nh, "D": d, "B": b, "T": T}
+            rec |= {"dtype": "bf16", "status": "ok"}
             rec["fw_ms"] = _time(fw, repeats, warmup)
             rec["fwbw_ms"] = _time(fwbw, repeats, warmup)
             plan = getattr(cell, "last_plan", None)
@@ -129,7 +131,8 @@ def _best(paths: str) -> dict[tuple, dict]:
     of both trees alternate, so a slow spell of the machine hits one run, not one tree)."""
     best: dict[tuple, dict] = {}
     for path in paths.split(","):
-        for r in json.loads(Path(path).read_text()):
+        data = json.loads(Path(path).read_text())
+        for r in data["records"] if isinstance(data, dict) else data:
             key = (r["cell"], r["NH"], r["D"], r["B"])
             if key in best:
                 r = {
@@ -184,6 +187,7 @@ def main() -> int:
         help="compare two outputs (each may be several files, comma-separated: the fastest run)",
     )
     ap.add_argument("--tolerance", type=float, default=0.03, help="allowed slowdown (0.03)")
+    ap.add_argument("--system", default="rnncc", help="the records' system (e.g. the tree)")
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--cells", default=",".join(CELLS))
@@ -202,7 +206,8 @@ def main() -> int:
         print("ab_speed.py: needs a CUDA device", file=sys.stderr)
         return 2
     shapes = args.shapes or SHAPES
-    records = measure(args.repeats, args.warmup, tuple(args.cells.split(",")), args.seq, shapes)
+    cells = tuple(args.cells.split(","))
+    records = measure(args.repeats, args.warmup, cells, args.seq, shapes, args.system)
     if args.out:
         Path(args.out).write_text(json.dumps(records, indent=1))
     return 0

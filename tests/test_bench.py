@@ -438,3 +438,26 @@ def test_sparse_banks_counts_wavefronts_of_the_gathers_order():
     mask = np.random.default_rng(0).random((72, 2304)) < 0.3
     steps = banks.product_steps(*banks.gather_order(mask))
     assert 2 <= banks.floor(mask) <= sum(steps) / len(steps) < 3
+
+
+def test_ab_speed_compares_the_fastest_runs_of_lists_and_results_files(tmp_path, capsys):
+    """``benchmarks/ab_speed.py --compare`` takes each tree's fastest run of a problem, reads a
+    run's list of records and a committed results file's ``records`` alike, and fails (1) where
+    B is more than the tolerance slower."""
+    ab = _script("ab_speed")
+
+    def rec(system: str, fw: float, fwbw: float) -> dict:
+        return {"system": system, "cell": "lstm", "NH": 12, "D": 64, "B": 16, "T": 1024} | {
+            "dtype": "bf16",
+            "status": "ok",
+            "fw_ms": fw,
+            "fwbw_ms": fwbw,
+        }
+
+    a1, a2, b = tmp_path / "a1.json", tmp_path / "a2.json", tmp_path / "b.json"
+    a1.write_text(json.dumps([rec("A", 1.0, 3.0)]))
+    a2.write_text(json.dumps({"machine": {}, "records": [rec("A", 0.9, 3.2)]}))
+    b.write_text(json.dumps([rec("B", 0.92, 3.05)]))
+    assert ab.compare(f"{a1},{a2}", str(b), 0.03) == 0
+    assert "lstm 12x64 B16" in capsys.readouterr().out
+    assert ab.compare(f"{a1},{a2}", str(b), 0.01) == 1  # fw 0.92 against the fastest A, 0.9
