@@ -25,7 +25,7 @@ import functools
 import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, TypedDict, cast
+from typing import Any, NamedTuple, TypedDict, cast
 
 import torch
 from torch import Tensor
@@ -149,7 +149,7 @@ class KernelOps:
         self._decode_fn = decode[0] if decode else None
         name = f"{cell.name}_{build['variant']}_{_key(path)}"
         with _lock:  # op registration mutates one shared torch.library.Library
-            self.forward_op, self._forward_impl = _define_ops(name, fwd, bwd_fn, self._dims, host)
+            self._run = _define_ops(name, fwd, bwd_fn, self._dims, host)
 
     def __call__(
         self,
@@ -177,10 +177,13 @@ class KernelOps:
         save = torch.is_grad_enabled() and any(
             t is not None and t.requires_grad for t in (Wx, R, b, states, params)
         )
-        # With nothing to differentiate, an eager call on plain tensors runs the op's CUDA
-        # implementation itself: the registered op's trip through the dispatcher and autograd
-        # is host time that a call with a short kernel waits for.
-        run = self.forward_op if save or not _eager(Wx) else self._forward_impl
+        # An eager call on plain tensors skips the registered op's trip through the dispatcher
+        # and torch.library's autograd wrapper: host time that a call with a short kernel
+        # waits for. torch.compile, export and fake tensors take the op.
+        if not _eager(Wx):
+            run = self._run.op
+        else:
+            run = self._run.recorded if save else self._run.impl
         y, last, _, _ = run(
             Wx, R, b, states, params, lengths, reverse_from, launch.as_list(), save, self.poison
         )
@@ -298,7 +301,14 @@ def _eager(t: Tensor) -> bool:
     return type(t) is Tensor and not torch.compiler.is_compiling()
 
 
-_Ops = tuple[Callable[..., tuple[Tensor, ...]], Callable[..., tuple[Tensor, ...]]]
+class _Ops(NamedTuple):
+    """One library's forward, three ways to run it (the same arguments, the same outputs)."""
+
+    op: Callable[..., tuple[Tensor, ...]]  # the registered op, with its autograd
+    impl: Callable[..., tuple[Tensor, ...]]  # its CUDA implementation: nothing to differentiate
+    recorded: Callable[..., tuple[Tensor, ...]]  # the op's autograd as a torch.autograd.Function
+
+
 _defined: dict[str, _Ops] = {}
 _library: torch.library.Library | None = None
 
@@ -316,8 +326,9 @@ def _define_ops(
     name: str, fwd_ptr: int, bwd_ptr: int, dims: list[int], host: str = "stepwise"
 ) -> _Ops:
     """Register (once per process) the ops of one cell library: schema, CUDA kernel, fake
-    implementation, autograd; returns the forward op and its CUDA implementation. ``host`` picks the host library's entry points
-    (``stepwise_forward``/``_backward`` or ``fused_forward``/``_backward``: same tensors).
+    implementation, autograd; returns the forward op, its CUDA implementation and its
+    autograd as a ``torch.autograd.Function`` (``_Ops``). ``host`` picks the host library's
+    entry points (``stepwise_forward``/``_backward`` or ``fused_forward``/``_backward``).
     Registered through ``torch.library.Library`` rather than ``custom_op``, whose first call
     imports torch._dynamo (seconds) even in eager mode."""
     global _library
@@ -443,7 +454,7 @@ def _define_ops(
     torch.library.register_fake(f"rnncc::{name}_backward", backward_fake, lib=lib)
     backward_op = getattr(torch.ops.rnncc, f"{name}_backward")
 
-    def setup_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
+    def save_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
         Wx, R, b, states, params, lengths, reverse_from, launch, save, poison = inputs
         _, _, hist, rh = output
         # states only to tell a second differentiation apart (see _first_order_only).
@@ -506,11 +517,28 @@ def _define_ops(
         return (*grads, None, None, None, None, None)
 
     torch.library.register_autograd(
-        f"rnncc::{name}_forward", grad, setup_context=setup_context, lib=lib
+        f"rnncc::{name}_forward", grad, setup_context=save_context, lib=lib
     )
+
+    class Recorded(torch.autograd.Function):
+        """The registered op's autograd (the same forward, context and backward) without its
+        wrapper, whose filling of default arguments walks the schema on every call."""
+
+        @staticmethod
+        def forward(*args: Any) -> _ForwardOut:
+            return forward(*args)
+
+        @staticmethod
+        def setup_context(ctx: Any, inputs: tuple[Any, ...], output: _ForwardOut) -> None:
+            save_context(ctx, inputs, output)
+
+        @staticmethod
+        def backward(ctx: Any, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+            return grad(ctx, *grads)
+
     op: Callable[..., tuple[Tensor, ...]] = getattr(torch.ops.rnncc, f"{name}_forward")
-    _defined[name] = (op, forward)
-    return op, forward
+    _defined[name] = _Ops(op, forward, Recorded.apply)
+    return _defined[name]
 
 
 @functools.cache

@@ -35,7 +35,7 @@ def test_fake_forward_and_backward_shapes(save, host):
         rec,
     ]
     name = f"fake_probe_{host}_{save}"
-    fwd, _ = _define_ops(name, 0, 0, dims, host)
+    fwd = _define_ops(name, 0, 0, dims, host).op
     launch = [] if host == "stepwise" else [0] * 14
     B, T, NH, D = 2, 5, 3, 4
     s = cell.shapes(B, T, NH, D)
@@ -104,13 +104,14 @@ def test_a_second_differentiation_of_the_kernels_backward_raises():
     assert _first_order_only("fused", (None, x.detach()), (g, None))[0] is g
 
 
-def test_only_eager_calls_on_plain_tensors_skip_the_registered_op():
-    """A call with nothing to differentiate runs the op's CUDA implementation directly (less host
-    time before a short kernel starts); one that records autograd, or that torch.compile, export
-    or a fake-tensor mode traces, goes through the registered op."""
+def test_only_eager_calls_on_plain_tensors_skip_the_registered_op(monkeypatch):
+    """An eager call on plain tensors runs the op's CUDA implementation directly when there is
+    nothing to differentiate, else the op's autograd as a torch.autograd.Function (less host
+    time before a short kernel starts); a call that torch.compile, export or a fake-tensor mode
+    traces goes through the registered op."""
     from types import SimpleNamespace
 
-    from rnncc.runtime.kernels import KernelOps, _eager
+    from rnncc.runtime.kernels import KernelOps, _eager, _Ops
 
     assert _eager(torch.ones(2))
     with FakeTensorMode():
@@ -118,14 +119,55 @@ def test_only_eager_calls_on_plain_tensors_skip_the_registered_op():
     assert not _eager(torch.nn.Parameter(torch.ones(2)))
 
     seen: list[tuple[str, bool]] = []
+
+    def way(name: str):
+        return lambda *a: seen.append((name, a[8])) or ("y", "last", None, None)
+
     ops = KernelOps.__new__(KernelOps)
     ops.build, ops.poison = {"variant": "block_mma"}, False
-    ops.forward_op = lambda *a: seen.append(("op", a[8])) or ("y", "last", None, None)
-    ops._forward_impl = lambda *a: seen.append(("impl", a[8])) or ("y", "last", None, None)
+    ops._run = _Ops(way("op"), way("impl"), way("recorded"))
     launch = SimpleNamespace(as_list=lambda: [0] * 16)
     Wx, R = torch.ones(1, 2, 4, 1, 3), torch.ones(4, 1, 3, 3)
     assert ops(Wx, R, None, Wx, None, launch) == ("y", "last")
     assert ops(Wx, R.requires_grad_(), None, Wx, None, launch) == ("y", "last")
     with torch.no_grad():
         ops(Wx, R, None, Wx, None, launch)
-    assert seen == [("impl", False), ("op", True), ("impl", False)]
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    ops(Wx, R, None, Wx, None, launch)
+    assert seen == [("impl", False), ("recorded", True), ("impl", False), ("op", True)]
+
+
+def test_the_recorded_function_saves_and_differentiates_as_the_registered_op(monkeypatch):
+    """``_Ops.recorded`` (the eager training path) runs the host library's forward with the
+    op's arguments, saves what the backward reads, and returns the backward's gradients for Wx,
+    R, b and the states in the op's order (here the host library is a stand-in on the CPU)."""
+    from types import SimpleNamespace
+
+    calls: dict[str, tuple] = {}
+    S, B, T, NH, D = 2, 2, 3, 1, 4
+
+    def forward(Wx, R, b, states, params, lengths, reverse_from, fn, dims, launch, save, poison):
+        calls["forward"] = (reverse_from, fn, dims, launch, save, poison)
+        y = Wx[:, :, :1].permute(2, 0, 1, 3, 4).clone()  # [O = 1, B, T, NH, D]
+        return y, states.clone(), Wx.new_ones(T + 1), Wx.new_ones(T)
+
+    def backward(dy, dlast, Wx, R, b, params, lengths, reverse_from, hist, rh, fn, dims, *rest):
+        calls["backward"] = (dy.shape, dlast.shape, hist.shape, rh.shape, fn, rest)
+        return Wx.new_full(Wx.shape, 2.0), R + 3, b + 4, dlast + 5, Wx.new_empty(0)
+
+    monkeypatch.setattr(
+        torch.ops, "rnncc_host", SimpleNamespace(fused_forward=forward, fused_backward=backward)
+    )
+    run = _define_ops("recorded_probe", 11, 22, [S, 1, 4, 4, 4, 0, 0], "fused")
+    Wx = torch.randn(B, T, 4, NH, D, requires_grad=True)
+    R = torch.randn(4, NH, D, D, requires_grad=True)
+    b = torch.randn(4, NH, D, requires_grad=True)
+    states = torch.randn(S, B, NH, D, requires_grad=True)
+    launch = list(range(16))
+    y, last, _, _ = run.recorded(Wx, R, b, states, None, None, 1, launch, True, False)
+    assert calls["forward"] == (1, 11, [S, 1, 4, 4, 4, 0, 0], launch, True, False)
+    (y.sum() + last.sum()).backward()
+    assert calls["backward"] == (y.shape, last.shape, (T + 1,), (T,), 22, (launch, False))
+    assert torch.equal(Wx.grad, torch.full(Wx.shape, 2.0))
+    assert torch.equal(R.grad, R.detach() + 3) and torch.equal(b.grad, b.detach() + 4)
+    assert torch.equal(states.grad, torch.full(states.shape, 6.0))  # dlast (ones) + 5
