@@ -105,9 +105,9 @@ class CompiledCell:
         self._ops_at: dict[tuple[torch.device, int], tuple[Plan, KernelOps]] = {}
         self._defaults: OrderedDict[tuple[Any, ...], torch.Tensor] = OrderedDict()
         self._decoders: dict[torch.device, KernelOps] = {}
-        # A CUDA call's plan and ops by (backend, device, dtype, B, NH, D, timeline), for
-        # calls without a mask (whose plan also depends on the mask's densities).
-        self._routes: dict[tuple[Any, ...], tuple[Plan | None, KernelOps | None]] = {}
+        # A CUDA call's plan by (backend, device, dtype, B, NH, D, timeline), for calls
+        # without a mask (whose plan also depends on the mask's densities).
+        self._call_plans: dict[tuple[Any, ...], Plan | None] = {}
         self._densities = StripDensities()  # of the masks it is called with
 
     # ---- description ---------------------------------------------------------------------
@@ -214,7 +214,7 @@ class CompiledCell:
         if mask is not None:
             mask = validate_mask(mask, R)
             R = masked(R, mask)  # type: ignore[arg-type]  # validate_mask: R is a tensor
-        plan, ops = self._route(backend, Wx, sizes, timeline, mask)
+        plan = self._call_plan(backend, Wx, sizes, timeline, mask)
         if lengths is not None:  # int32 where the kernels read them
             dtype = torch.int64 if plan is None else torch.int32
             lengths = validate_lengths(lengths, sizes.B, sizes.T, Wx.device, dtype)
@@ -235,9 +235,9 @@ class CompiledCell:
                 lengths=lengths,
                 reverse_from=reverse_from,
             )
+        ops = self._ops_for(Wx.device, plan)  # after the checks: the first call builds
         self.last_backend = "fused" if plan.fused else "stepwise"
         self.last_plan = plan
-        assert ops is not None  # _route: a plan comes with its ops
         return ops(Wx, R, b, states, params, plan.launch, lengths, reverse_from)
 
     def step(
@@ -487,29 +487,28 @@ class CompiledCell:
 
         return self._densities(mask, block_units(D, self._caps(device).sm_count))
 
-    def _route(
+    def _call_plan(
         self,
         backend: str,
         Wx: torch.Tensor,
         sizes: Sizes,
         timeline: bool,
         mask: torch.Tensor | None,
-    ) -> tuple[Plan | None, KernelOps | None]:
-        """A call's plan (``_choose``) and the ops that launch it (None with the plan None).
-        Kept for CUDA calls without a mask (a mask's densities are part of its plan), by what
-        decides the plan, so that a repeated call's host time before its kernel starts is not
-        spent planning again."""
+    ) -> Plan | None:
+        """A call's plan (``_choose``), kept for CUDA calls without a mask (a mask's densities
+        are part of its plan) by what decides it, so that a repeated call's host time before
+        its kernel starts is not spent planning again."""
         if mask is not None or not Wx.is_cuda:
-            plan = self._choose(backend, Wx, sizes, timeline, mask)
-            return plan, None if plan is None else self._ops_for(Wx.device, plan)
+            return self._choose(backend, Wx, sizes, timeline, mask)
         key = (backend, Wx.device, Wx.dtype, sizes.B, sizes.NH, sizes.D, timeline)
-        route = self._routes.get(key)
-        if route is None:
-            plan = self._choose(backend, Wx, sizes, timeline)
-            route = (plan, None if plan is None else self._ops_for(Wx.device, plan))
-            if not torch.compiler.is_compiling():  # as _warn_once: an eager call warns
-                self._routes[key] = route
-        return route
+        try:
+            return self._call_plans[key]
+        except KeyError:
+            pass
+        plan = self._choose(backend, Wx, sizes, timeline)
+        if not torch.compiler.is_compiling():  # as _warn_once: an eager call warns
+            self._call_plans[key] = plan
+        return plan
 
     def _choose(
         self,

@@ -197,11 +197,11 @@ def test_empty_sequence_returns_the_initial_states(cells, backend, dtype):
 
 
 @pytest.mark.parametrize("dtype, D", [(torch.bfloat16, 16), (torch.float32, 32)])
-def test_repeated_calls_keep_their_route_and_a_no_grad_call_runs_the_same_kernels(
+def test_repeated_calls_keep_their_plan_and_a_no_grad_call_runs_the_same_kernels(
     cells, monkeypatch, dtype, D
 ):
-    """A cell keeps a call's plan and ops by (backend, device, dtype, B, NH, D): the second call
-    plans nothing. A call with nothing to differentiate runs the op's CUDA implementation
+    """A cell keeps a call's plan by (backend, device, dtype, B, NH, D): the second call plans
+    nothing. A call with nothing to differentiate runs the op's CUDA implementation
     directly; its outputs are bit-identical to a call that records autograd."""
     cell = cells["lstm"]
     x = random_inputs(cell.ir, 4, 3, 2, D, seed=1)

@@ -444,10 +444,10 @@ def test_a_call_solves_its_plan_once_per_size_and_dtype(monkeypatch) -> None:
     assert asked == ["Gr=4, NH=12, D=64, B=16, bf16", "Gr=4, NH=12, D=64, B=16, fp32"]
 
 
-def test_a_cuda_call_keeps_its_route_by_what_decides_its_plan(monkeypatch) -> None:
-    """A CUDA call without a mask plans (and finds its ops) once per (backend, device, dtype, B,
-    NH, D, timeline); T does not enter; a call with a mask, or one that torch.compile traces,
-    looks its plan up each time."""
+def test_a_cuda_call_keeps_its_plan_by_what_decides_it(monkeypatch) -> None:
+    """A CUDA call without a mask plans once per (backend, device, dtype, B, NH, D, timeline);
+    T does not enter; a call with a mask, or one that torch.compile traces, looks its plan up
+    each time."""
     cell = _on_h100(lstm(), monkeypatch)
     planned: list[tuple] = []
     real = cell._choose
@@ -457,15 +457,14 @@ def test_a_cuda_call_keeps_its_route_by_what_decides_its_plan(monkeypatch) -> No
         return real(backend, Wx, sizes, timeline)
 
     monkeypatch.setattr(cell, "_choose", choose)
-    monkeypatch.setattr(cell, "_ops_for", lambda device, plan: ("ops", plan.variant))
     Sizes = type(_sizes(1, 1, 1))
     for T in (1, 5, 1):
-        plan, ops = cell._route("auto", _cuda_like(), Sizes(16, T, 12, 64), False, None)
-        assert ops == ("ops", "block_mma") and plan.variant == "block_mma"
-    cell._route("auto", _cuda_like(), Sizes(8, 1, 12, 64), False, None)
-    cell._route("auto", _cuda_like(), Sizes(16, 1, 12, 64), True, None)
-    cell._route("fused", _cuda_like(), Sizes(16, 1, 12, 64), False, None)
-    cell._route("auto", _cuda_like(torch.float32), Sizes(16, 1, 12, 64), False, None)
+        plan = cell._call_plan("auto", _cuda_like(), Sizes(16, T, 12, 64), False, None)
+        assert plan.variant == "block_mma"
+    cell._call_plan("auto", _cuda_like(), Sizes(8, 1, 12, 64), False, None)
+    cell._call_plan("auto", _cuda_like(), Sizes(16, 1, 12, 64), True, None)
+    cell._call_plan("fused", _cuda_like(), Sizes(16, 1, 12, 64), False, None)
+    cell._call_plan("auto", _cuda_like(torch.float32), Sizes(16, 1, 12, 64), False, None)
     assert planned == [
         ("auto", torch.bfloat16, 16, False, False),
         ("auto", torch.bfloat16, 8, False, False),
@@ -476,10 +475,10 @@ def test_a_cuda_call_keeps_its_route_by_what_decides_its_plan(monkeypatch) -> No
     planned.clear()
     mask = torch.ones(4, 12, 64, 64, dtype=torch.bool)
     for _ in range(2):
-        cell._route("auto", _cuda_like(), Sizes(16, 1, 12, 64), False, mask)
+        cell._call_plan("auto", _cuda_like(), Sizes(16, 1, 12, 64), False, mask)
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     for _ in range(2):
-        cell._route("auto", _cuda_like(), Sizes(4, 1, 12, 64), False, None)
+        cell._call_plan("auto", _cuda_like(), Sizes(4, 1, 12, 64), False, None)
     assert [(b, m) for _, _, b, _, m in planned] == [(16, True), (16, True), (4, False), (4, False)]
 
 
