@@ -54,6 +54,47 @@ def _time(fn, repeats: int, warmup: int) -> float:
     return statistics.median(times)
 
 
+def prepare(cell, nh: int, d: int, b: int) -> None:
+    """Build (or load) ``cell``'s kernels for the problem, on any tree since the fused backend."""
+    import torch
+
+    try:
+        cell.prepare("cuda", head_dim=d, dtype=torch.bfloat16, batch=b, heads=nh)
+    except TypeError:  # a tree before plans: prepare(device, head_dim)
+        cell.prepare("cuda", head_dim=d)
+
+
+def calls(cell, nh: int, d: int, b: int, T: int):
+    """``(fw, fwbw)``: the problem's forward under no_grad and its forward +
+    ``.sum().backward()``, on fixed random bf16 inputs (R scaled by 1/√D)."""
+    import torch
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    shapes = cell.shapes(b, T, nh, d)
+    x = {
+        k: None
+        if shapes[k] is None
+        else (0.5 * torch.randn(shapes[k], generator=g, device="cuda")).bfloat16()
+        for k in ("Wx", "R", "b")
+    }
+    if x["R"] is not None:
+        x["R"] = x["R"] / d**0.5
+
+    def fw():
+        with torch.no_grad():
+            cell(x["Wx"], x["R"], x["b"], backend="fused")
+
+    leaves = {k: v.clone().requires_grad_() for k, v in x.items() if v is not None}
+
+    def fwbw():
+        for v in leaves.values():
+            v.grad = None
+        y, last = cell(leaves["Wx"], leaves.get("R"), leaves.get("b"), backend="fused")
+        (y.float().sum() + last.float().sum()).backward()
+
+    return fw, fwbw
+
+
 def measure(
     repeats: int,
     warmup: int,
@@ -67,16 +108,9 @@ def measure(
     import rnncc
 
     loaded = {c: rnncc.load(EXAMPLES / f"{c}.rnn") for c in cells}
-
-    def prepare(job):
-        cell, (nh, d, b) = job
-        try:
-            cell.prepare("cuda", head_dim=d, dtype=torch.bfloat16, batch=b, heads=nh)
-        except TypeError:  # a tree before plans: prepare(device, head_dim)
-            cell.prepare("cuda", head_dim=d)
-
     with ThreadPoolExecutor(max_workers=16) as pool:
-        list(pool.map(prepare, [(loaded[c], s) for c in cells for s in problems]))
+        jobs = [(loaded[c], *s) for c in cells for s in problems]
+        list(pool.map(lambda job: prepare(*job), jobs))
     # The GPU's clocks ramp up under load: keep it busy for a while before the first timing, so
     # that the first problems of a run are not measured at idle clocks.
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -88,29 +122,7 @@ def measure(
     for name in cells:
         cell = loaded[name]
         for nh, d, b in problems:
-            g = torch.Generator(device="cuda").manual_seed(0)
-            shapes = cell.shapes(b, T, nh, d)
-            x = {
-                k: None
-                if shapes[k] is None
-                else (0.5 * torch.randn(shapes[k], generator=g, device="cuda")).bfloat16()
-                for k in ("Wx", "R", "b")
-            }
-            if x["R"] is not None:
-                x["R"] = x["R"] / d**0.5
-
-            def fw(cell=cell, x=x):
-                with torch.no_grad():
-                    cell(x["Wx"], x["R"], x["b"], backend="fused")
-
-            leaves = {k: v.clone().requires_grad_() for k, v in x.items() if v is not None}
-
-            def fwbw(cell=cell, leaves=leaves):
-                for v in leaves.values():
-                    v.grad = None
-                y, last = cell(leaves["Wx"], leaves.get("R"), leaves.get("b"), backend="fused")
-                (y.float().sum() + last.float().sum()).backward()
-
+            fw, fwbw = calls(cell, nh, d, b, T)
             rec = {"system": system, "cell": name, "NH": nh, "D": d, "B": b, "T": T}
             rec |= {"dtype": "bf16", "status": "ok"}
             rec["fw_ms"] = _time(fw, repeats, warmup)

@@ -17,8 +17,12 @@ import argparse
 import cProfile
 import io
 import pstats
+import sys
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from ab_speed import calls, prepare  # the same problems' calls as the A/B
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 PROBLEMS = [("lstm", 48, 16, 16), ("gru", 24, 32, 16)]  # (cell, NH, D, B)
@@ -37,32 +41,9 @@ def main() -> None:
 
     cells = {c: rnncc.load(args.examples / f"{c}.rnn") for c in {p[0] for p in PROBLEMS}}
     for c, nh, d, b in PROBLEMS:
-        try:
-            cells[c].prepare("cuda", head_dim=d, dtype=torch.bfloat16, batch=b, heads=nh)
-        except TypeError:  # a tree before plans: prepare(device, head_dim)
-            cells[c].prepare("cuda", head_dim=d)
+        prepare(cells[c], nh, d, b)
     for c, nh, d, b in PROBLEMS:
-        cell = cells[c]
-        g = torch.Generator(device="cuda").manual_seed(0)
-        shapes = cell.shapes(b, T, nh, d)
-        x = {
-            k: None
-            if shapes[k] is None
-            else (0.5 * torch.randn(shapes[k], generator=g, device="cuda")).bfloat16()
-            for k in ("Wx", "R", "b")
-        }
-        leaves = {k: v.clone().requires_grad_() for k, v in x.items() if v is not None}
-
-        def fw(cell=cell, x=x):
-            with torch.no_grad():
-                cell(x["Wx"], x["R"], x["b"], backend="fused")
-
-        def fwbw(cell=cell, leaves=leaves):
-            for v in leaves.values():
-                v.grad = None
-            y, last = cell(leaves["Wx"], leaves.get("R"), leaves.get("b"), backend="fused")
-            (y.float().sum() + last.float().sum()).backward()
-
+        fw, fwbw = calls(cells[c], nh, d, b, T)
         out = []
         for name, fn in (("fw", fw), ("fwbw", fwbw)):
             for _ in range(20):
