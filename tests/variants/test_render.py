@@ -1,13 +1,17 @@
 """The fused variants' CUDA: golden files, the constraints that rule each variant out, the
-build record reaching the kernels' traits, and nvcc compiling every example's libraries with
-no register spills: for sm_90a (no warnings either), sm_80 and sm_89."""
+build record reaching the kernels' traits, nvcc compiling every example's libraries with no
+register spills (for sm_90a with no warnings either, sm_80 and sm_89), and in the SASS of the
+grid forward every load of h before the product's first mma."""
 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import os
 import re
+import shutil
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -537,6 +541,85 @@ def test_nvcc_compiles_grid_sparse_with_the_step_trace(tmp_path):
         report = _compile(_nvcc(), src, tmp_path / str(framed), extra=extra)
         frames = [int(f) for f in re.findall(r"(\d+) bytes stack frame", report)]
         assert sum(f > 0 for f in frames) == framed, report
+
+
+def _nvdisasm() -> str:
+    """nvdisasm: on PATH or beside nvcc (a CUDA toolkit), else the test extra's
+    ``nvidia-cuda-nvdisasm`` wheel (Linux x86-64); CI must have it, elsewhere the test that needs
+    it skips."""
+    found = shutil.which("nvdisasm")
+    nvcc = shutil.which("nvcc")
+    if found is None and nvcc is not None and (Path(nvcc).parent / "nvdisasm").is_file():
+        found = str(Path(nvcc).parent / "nvdisasm")
+    spec = importlib.util.find_spec("nvidia")  # a namespace package: every nvidia-* wheel's
+    if found is None and spec is not None and spec.submodule_search_locations:
+        wheel = [
+            p for b in spec.submodule_search_locations for p in Path(b).glob("cu*/bin/nvdisasm")
+        ]
+        found = str(sorted(wheel)[-1]) if wheel else None
+    if found is None:
+        if os.environ.get("CI"):
+            pytest.fail("nvdisasm not found (pip install nvidia-cuda-nvdisasm, the test extra)")
+        pytest.skip("nvdisasm is not installed here")
+    return found
+
+
+def _loads_after_the_first_mma(sass: str) -> tuple[int, int]:
+    """(products, late loads) of a kernel's SASS: each product starts at a barrier; a late load
+    is a 128-bit load from global memory (an exchange row's fragments) after the product's
+    first mma and before its partial sums go to shared memory."""
+    products = late = 0
+    state = None
+    for ins in re.findall(r"/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", sass):
+        op = re.sub(r"^@!?U?P\w+\s+", "", ins).split()[0]
+        if op.startswith("BAR.SYNC"):
+            state = "loads"
+        elif op.startswith("HMMA") and state == "loads":
+            state, products = "mma", products + 1
+        elif op.startswith("LDG.E.128") and state == "mma":
+            late += 1
+        elif op.startswith("STS") and state == "mma":
+            state = None
+    return products, late
+
+
+@pytest.mark.slow
+def test_grid_forward_issues_every_h_load_before_its_first_mma(tmp_path):
+    """ptxas had sunk a later k tile's load of h below the mmas of an earlier one (into its
+    registers): one more L2 round trip in every step (the sLSTM's 1 x 768 forward took 2.12 ms
+    at B = 2 against 1.89; benchmarks/results/grid-loads-first-h100-2026-11-27.txt). The warp
+    barrier in templates/grid_mma.cuh keeps the loads first: checked in the SASS of the narrow
+    kernels where it happened (the sLSTM at 768 units, one and two n tiles) and of the
+    bidirectional layer's wide kernel (the LSTM at 768 units, per-row lengths, two n tiles)."""
+    nvcc, nvdisasm = _nvcc(), _nvdisasm()
+    cases = [("slstm", False, lambda k: k["unit_tiles"] == 1 and k["n_tiles"] <= 2)]
+    cases += [("lstm", True, lambda k: k["unit_tiles"] == 2 and k["n_tiles"] == 2)]
+    sources = []
+    for name, timeline, keep in cases:
+        cell = example(name)
+        build = dict(GRID.build(problem(cell.ir, 768, GRID, timeline=timeline)))
+        build["kernels"] = [k for k in build["kernels"] if keep(k)]
+        sources.append(GRID.render(cell.ir, cell.backward_ir, build))
+    dirs = [tmp_path / str(i) for i in range(len(sources))]
+    for d in dirs:
+        d.mkdir()
+    with ThreadPoolExecutor(max_workers=len(sources)) as pool:
+        list(
+            pool.map(
+                lambda i: _compile(nvcc, sources[i], dirs[i], device_only=True), range(len(dirs))
+            )
+        )
+    checked = 0
+    for src, d in zip(sources, dirs, strict=True):
+        cubin = (d / "sm_90a" / src.filename).with_suffix(".cubin")
+        text = subprocess.run([nvdisasm, str(cubin)], capture_output=True, text=True, check=True)
+        kernels = re.findall(r"^\.text\.(\S+):\n(.*?)(?=^\.text\.|\Z)", text.stdout, re.S | re.M)
+        for name, sass in kernels:
+            if "forward_kernel" in name:
+                products, late = _loads_after_the_first_mma(sass)
+                assert products > 0 and late == 0, (src.filename, name, products, late)
+                checked += 1
+    assert checked == 6, checked  # bf16 and fp16: the sLSTM's two kernels, the LSTM's one
 
 
 @pytest.mark.parametrize(("name", "D"), [("lstm", 2048), ("lstm", 4096), ("gru", 2304)])
