@@ -549,8 +549,9 @@ def _nvdisasm() -> str:
     it skips."""
     found = shutil.which("nvdisasm")
     nvcc = shutil.which("nvcc")
-    if found is None and nvcc is not None and (Path(nvcc).parent / "nvdisasm").is_file():
-        found = str(Path(nvcc).parent / "nvdisasm")
+    beside = Path(nvcc).parent / "nvdisasm" if nvcc else None
+    if found is None and beside is not None and beside.is_file():
+        found = str(beside)
     spec = importlib.util.find_spec("nvidia")  # a namespace package: every nvidia-* wheel's
     if found is None and spec is not None and spec.submodule_search_locations:
         wheel = [
