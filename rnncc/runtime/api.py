@@ -81,6 +81,19 @@ def _may_keep(on_cuda: bool) -> bool:
     return not (on_cuda and torch.cuda.is_current_stream_capturing())
 
 
+def refuse_torch_func(what: str) -> None:
+    """Raise where a torch.func transform (grad, vmap, jacrev, jvp, ...) is active: the
+    backends' autograd Functions are not written for them, and torch's own error from inside
+    one names none of rnncc's API. ``what``: the call, for the message. Not asked while
+    torch.compile traces (the registered ops, with fake implementations, are what it sees)."""
+    if not torch.compiler.is_compiling() and torch._C._are_functorch_transforms_active():
+        raise NotImplementedError(
+            f"rnncc: {what} does not run under torch.func transforms (grad, vmap, jacrev, "
+            "jvp, ...); differentiate with torch.autograd instead (loss.backward() or "
+            "torch.autograd.grad)"
+        )
+
+
 class CompiledCell:
     """A checked cell and its backward, callable on tensors; see the module docstring."""
 
@@ -205,6 +218,7 @@ class CompiledCell:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(y, last)``; the inputs, ``lengths``, ``reverse`` and ``mask`` as in the module
         docstring."""
+        refuse_torch_func("a cell call")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
         R, mask = sparse_r(R, mask)
@@ -258,6 +272,7 @@ class CompiledCell:
         decoding kernel: R h and the cell in one launch, written into ``out=(y_t,
         new_states)`` where given (no allocation; ``new_states`` must not be ``states``);
         otherwise the backend's sequence kernels at ``T = 1``."""
+        refuse_torch_func("CompiledCell.step")
         if not isinstance(Wx_t, torch.Tensor) or Wx_t.dim() != 4:
             got = f"shape {list(Wx_t.shape)}" if isinstance(Wx_t, torch.Tensor) else "not a tensor"
             raise ValueError(f"Wx_t has {got}, expected [B, Gx={len(self.gx_names)}, NH, D]")

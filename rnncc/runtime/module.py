@@ -26,7 +26,14 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from rnncc.runtime.api import CompiledCell, _may_keep, check_out, decodes, load
+from rnncc.runtime.api import (
+    CompiledCell,
+    _may_keep,
+    check_out,
+    decodes,
+    load,
+    refuse_torch_func,
+)
 from rnncc.runtime.sparsity import magnitude_mask, masked, validate_mask
 from rnncc.runtime.validate import Sizes, validate_lengths
 
@@ -382,6 +389,7 @@ class RNN(nn.Module):
         lengths: torch.Tensor | Sequence[int] | None = None,
     ) -> tuple[torch.Tensor | PackedSequence, torch.Tensor]:
         """``(out, last)``; docs/api.md gives the shapes."""
+        refuse_torch_func("an RNN call")
         packed = x if isinstance(x, PackedSequence) else None
         if packed is not None:
             if lengths is not None:
@@ -448,6 +456,7 @@ class RNN(nn.Module):
         recorded (``torch.no_grad()``, or nothing requires grad), each layer is one launch of
         the decoding kernel, its input projection included, written into ``out=(out_t,
         new_states)`` where given (no allocation; ``new_states`` must not be ``states``)."""
+        refuse_torch_func("RNN.step")
         if self.bidirectional:
             raise ValueError("step runs unidirectional layers; this layer is bidirectional")
         if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.input_size:

@@ -676,3 +676,30 @@ def test_out_buffers_are_checked(out, message) -> None:
     with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
         like = {"dtype": torch.float32, "device": torch.device("cpu")}
         check_out(out, ((1, 3), (2, 3)), like, "[O, B], [S, B]")
+
+
+@pytest.mark.parametrize("transform", ["grad", "vmap"])
+def test_torch_func_transforms_are_refused_naming_the_call(transform: str) -> None:
+    # torch's own error from inside the backends' autograd Functions names none of rnncc's
+    # API (it asks for a setup_context): the call says what it does not support instead.
+    cell = lstm()
+    Wx, R, b = random_inputs(cell)
+
+    def loss(Wx: torch.Tensor) -> torch.Tensor:
+        return cell(Wx, R, b)[0].sum()
+
+    def one_step(Wx_t: torch.Tensor) -> torch.Tensor:
+        return cell.step(Wx_t, R, b)[0]
+
+    run = torch.func.grad(loss) if transform == "grad" else torch.func.vmap(loss)
+    msg = r"a cell call does not run under torch.func transforms.*torch.autograd"
+    with pytest.raises(NotImplementedError, match=msg):
+        run(Wx if transform == "grad" else Wx.unsqueeze(0))
+    with pytest.raises(
+        NotImplementedError, match=r"CompiledCell.step does not run under torch.func"
+    ):
+        torch.func.grad(lambda w: one_step(w).sum())(Wx[:, 0])
+    # outside a transform the same calls run, and autograd differentiates them
+    w = Wx.clone().requires_grad_()
+    loss(w).backward()
+    assert w.grad is not None and w.grad.abs().sum() > 0

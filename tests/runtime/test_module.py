@@ -469,3 +469,12 @@ def test_cell_weights_tensors_are_the_modules(name, bias) -> None:
     assert len(got) == 5
     assert all(a is b for a, b in zip(got, want, strict=True))
     assert (got[3] is None) == (w.bias() is None) and (bias or got[1] is None)
+
+
+def test_torch_func_transforms_are_refused_naming_the_layer() -> None:
+    m = layer("lstm").double()
+    x = torch.randn(B, T, IN, dtype=torch.float64)
+    with pytest.raises(NotImplementedError, match=r"an RNN call does not run under torch.func"):
+        torch.func.grad(lambda x: m(x)[0].sum())(x)
+    with pytest.raises(NotImplementedError, match=r"RNN.step does not run under torch.func"):
+        torch.func.vmap(lambda x: m.step(x)[0])(x)
