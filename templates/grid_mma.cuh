@@ -318,10 +318,8 @@ struct Kernels : MmaCommon<C> {
                 rnncc::load_fragments<kPKT, kKTiles, 256>(hx + xchg_at(b0 + 8 * (j0 + j) + g8, 0), kKT * warp, c4,
                                                          b0 + 8 * (j0 + j) + g8 < a.B, hb[j]);
               // Every load issued before the first mma: the warp barrier keeps ptxas from sinking a
-              // later k tile's load below the mmas of an earlier one (into its registers), which
-              // put a second L2 round trip into the step of the sLSTM's 1 x 768 forward (2.12 ms
-              // at B = 2 against 1.89 with the barrier; H100, benchmarks/results/
-              // grid-loads-first-h100-2026-11-27.txt).
+              // later k tile's load below the mmas of an earlier one (into its registers), a second
+              // L2 round trip in every step (benchmarks/results/grid-loads-first-h100-2026-11-27.txt).
               __syncwarp();
               if constexpr (kPKT >= kJoinKT && UW >= 2) {  // every n tile's first mma waits for all of the loads (rnncc::join)
                 uint32_t all = 0u;

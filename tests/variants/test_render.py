@@ -587,8 +587,8 @@ def _loads_after_the_first_mma(sass: str) -> tuple[int, int]:
 @pytest.mark.slow
 def test_grid_forward_issues_every_h_load_before_its_first_mma(tmp_path):
     """ptxas had sunk a later k tile's load of h below the mmas of an earlier one (into its
-    registers): one more L2 round trip in every step (the sLSTM's 1 x 768 forward took 2.12 ms
-    at B = 2 against 1.89; benchmarks/results/grid-loads-first-h100-2026-11-27.txt). The warp
+    registers): one more L2 round trip in every step
+    (benchmarks/results/grid-loads-first-h100-2026-11-27.txt). The warp
     barrier in templates/grid_mma.cuh keeps the loads first: checked in the SASS of the narrow
     kernels where it happened (the sLSTM at 768 units, one and two n tiles) and of the
     bidirectional layer's wide kernel (the LSTM at 768 units, per-row lengths, two n tiles)."""
