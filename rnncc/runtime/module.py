@@ -754,12 +754,12 @@ def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor, in
     order = packed.sorted_indices
     order = torch.arange(B) if order is None else order.cpu()
     keep = torch.arange(B)[None, :] < sizes[:, None]  # [T, B]: row i of step t is present
-    rows = order[None, :].expand(T, B)[keep]  # time-major, as the packed data
-    steps = torch.arange(T)[:, None].expand(T, B)[keep]
+    # time-major, as the packed data (a boolean mask of an expanded tensor takes milliseconds)
+    steps, sorted_rows = keep.nonzero(as_tuple=True)
     lengths_sorted = keep.sum(0)
     lengths = torch.empty_like(lengths_sorted)
     lengths[order] = lengths_sorted
-    index = rows * T + steps
+    index = order.index_select(0, sorted_rows).mul_(T).add_(steps)
     if packed.data.is_cuda:  # copied from pinned memory: no wait for the GPU
         return index.pin_memory().to(packed.data.device, non_blocking=True), lengths, T
     return index, lengths, T
