@@ -56,7 +56,13 @@ from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
 from rnncc.runtime.sparsity import StripDensities, masked, sparse_r, validate_mask
-from rnncc.runtime.validate import Sizes, validate, validate_lengths, validate_reverse
+from rnncc.runtime.validate import (
+    CheckedLengths,
+    Sizes,
+    validate,
+    validate_lengths,
+    validate_reverse,
+)
 
 if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _run_for
     from rnncc.runtime.kernels import KernelOps
@@ -218,7 +224,7 @@ class CompiledCell:
         params: torch.Tensor | None = None,
         backend: str = "auto",
         *,
-        lengths: torch.Tensor | None = None,
+        lengths: torch.Tensor | CheckedLengths | None = None,
         reverse: bool | Sequence[bool] = False,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:

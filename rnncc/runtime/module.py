@@ -35,7 +35,7 @@ from rnncc.runtime.api import (
     refuse_torch_func,
 )
 from rnncc.runtime.sparsity import magnitude_mask, masked, validate_mask
-from rnncc.runtime.validate import Sizes, validate_lengths
+from rnncc.runtime.validate import CheckedLengths, Sizes, validate_lengths
 
 #: What ``states=`` takes: ``[S, L·dirs, B, H]``, a tuple of ``S`` tensors ``[L·dirs, B, H]``
 #: (``nn.LSTM``'s ``(h0, c0)``), or ``[L·dirs, B, H]`` for a cell of one state (``h0``).
@@ -401,8 +401,8 @@ class RNN(nn.Module):
                     f"x is a PackedSequence of data shape {_shape(packed.data)}, expected "
                     f"[N, input_size={self.input_size}]"
                 )
-            index, lengths, T_packed = _packed_rows(packed)  # once: the way in and out
-            x = _padded(packed, index, len(lengths), T_packed)
+            index, checked, T_packed = _packed_rows(packed)  # once: the way in and out
+            x = _padded(packed, index, len(checked.tensor), T_packed)
         else:
             if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.input_size:
                 order = "[B, T, input_size]" if self.batch_first else "[T, B, input_size]"
@@ -415,12 +415,15 @@ class RNN(nn.Module):
                 x = x.transpose(0, 1)
         B, T, _ = x.shape
         ctype = self._compute_dtype(x)
-        if lengths is not None:
+        rows: torch.Tensor | CheckedLengths | None = None
+        if packed is not None:
+            rows = checked
+        elif lengths is not None:
             if not isinstance(lengths, torch.Tensor):
                 lengths = torch.as_tensor(lengths)
             # Kept on the CPU: each direction's cell call checks them there and copies them
             # to the GPU without a synchronisation.
-            lengths = validate_lengths(lengths, B, T, torch.device("cpu"))
+            rows = validate_lengths(lengths, B, T, torch.device("cpu"))
         init = self._initial_states(states, x, ctype)
         dirs = self.num_directions
         lasts: list[torch.Tensor] = []
@@ -434,11 +437,10 @@ class RNN(nn.Module):
                     h = nn.functional.dropout(h, self.dropout, self.training)
                 ks = list(range(layer * dirs, (layer + 1) * dirs))
                 start = None if init is None else init[:, ks[0] : ks[-1] + 1]  # a view
-                h, last = self._layer(ks, h, start, lengths, ctype)
+                h, last = self._layer(ks, h, start, rows, ctype)
                 lasts.append(last)
             last = torch.cat(lasts, dim=1)
             if packed is not None:
-                assert lengths is not None
                 return _packed_like(h, index, T_packed, packed), last
         return (h if self.batch_first else h.transpose(0, 1)), last
 
@@ -568,7 +570,7 @@ class RNN(nn.Module):
         ks: list[int],
         x: torch.Tensor,
         states: torch.Tensor | None,
-        lengths: torch.Tensor | None,
+        lengths: torch.Tensor | CheckedLengths | None,
         ctype: torch.dtype,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer, ``x`` ``[B, T, I]`` → ``out`` ``[B, T, dirs·O·H]`` and ``last``
@@ -744,25 +746,28 @@ def _cast(t: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return t if t is None or t.dtype == dtype else t.to(dtype)
 
 
-def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, torch.Tensor, int]:
+def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, CheckedLengths, int]:
     """Where each row of ``packed.data`` sits in a padded ``[B, T]`` batch (caller's order),
-    as flat indices ``b * T + t`` (on the data's device), the rows' lengths (CPU int64, the
-    caller's order) and T: one gather converts either way, rather than PyTorch's pack and pad,
-    whose backward copies once per time step."""
+    as flat indices ``b * T + t``, the rows' lengths (int64, the caller's order) and T, both
+    tensors on the data's device: one gather converts either way, rather than PyTorch's pack
+    and pad, whose backward copies once per time step. Nothing here waits for the GPU: the
+    sort order lives there, so the indices and lengths are made there from what the batch
+    sizes (on the CPU) give."""
     sizes = packed.batch_sizes
     T, B = len(sizes), int(sizes[0]) if len(sizes) else 0
-    order = packed.sorted_indices
-    order = torch.arange(B) if order is None else order.cpu()
-    keep = torch.arange(B)[None, :] < sizes[:, None]  # [T, B]: row i of step t is present
+    keep = torch.arange(B)[None, :] < sizes[:, None]  # [T, B]: sorted row i of step t is present
     # time-major, as the packed data (a boolean mask of an expanded tensor takes milliseconds)
     steps, sorted_rows = keep.nonzero(as_tuple=True)
-    lengths_sorted = keep.sum(0)
-    lengths = torch.empty_like(lengths_sorted)
-    lengths[order] = lengths_sorted
-    index = order.index_select(0, sorted_rows).mul_(T).add_(steps)
-    if packed.data.is_cuda:  # copied from pinned memory: no wait for the GPU
-        return index.pin_memory().to(packed.data.device, non_blocking=True), lengths, T
-    return index, lengths, T
+    host = torch.cat([steps, sorted_rows, keep.sum(0)])
+    device = packed.data.device
+    if device.type == "cuda":  # copied from pinned memory: no wait for the GPU
+        host = host.pin_memory().to(device, non_blocking=True)
+    steps, sorted_rows, lengths = host.split([len(steps), len(steps), B])
+    if packed.sorted_indices is not None:
+        order = packed.sorted_indices.to(device, non_blocking=True)
+        sorted_rows = order.index_select(0, sorted_rows)
+        lengths = torch.empty_like(lengths).index_copy_(0, order, lengths)
+    return sorted_rows * T + steps, CheckedLengths(lengths), T
 
 
 def _padded(packed: PackedSequence, index: torch.Tensor, B: int, T: int) -> torch.Tensor:

@@ -151,14 +151,27 @@ def validate_reverse(reverse: object, NH: int) -> int:
     return first
 
 
+class CheckedLengths(NamedTuple):
+    """Per-row lengths that rnncc derived itself (``rnncc.RNN`` from a ``PackedSequence``'s
+    batch sizes), in ``1 .. T`` by construction and already on the call's device:
+    ``validate_lengths`` checks their shape but does not read them, since reading lengths on a
+    GPU waits for the device."""
+
+    tensor: torch.Tensor
+
+
 def validate_lengths(
     lengths: object, B: int, T: int, device: torch.device, dtype: torch.dtype = torch.int64
 ) -> torch.Tensor:
     """``lengths`` as ``dtype`` on ``device``: a tensor ``[B]`` of integers in ``1 .. T``, on any
     device. They are checked where they are: on the CPU without waiting for the GPU, then
     copied to a CUDA ``device`` from pinned memory without a host synchronisation; on a GPU,
-    reading them waits for it."""
+    reading them waits for it. ``CheckedLengths`` are only converted."""
     legend = f"[B={B}] integers in 1..T={T}"
+    if isinstance(lengths, CheckedLengths):
+        t = lengths.tensor
+        assert tuple(t.shape) == (B,) and t.device == device, (tuple(t.shape), t.device, B, device)
+        return t.to(dtype=dtype).contiguous()
     if not isinstance(lengths, torch.Tensor):
         raise ValueError(f"lengths must be a torch.Tensor {legend}, got {type(lengths).__name__}")
     where = f"(dtype {lengths.dtype}, on {lengths.device})"

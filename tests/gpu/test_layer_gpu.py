@@ -162,3 +162,30 @@ def test_a_fused_size_that_does_not_fit_says_so():
         rnncc.RNN(rnncc.load_builtin("lstm"), I, 1536, backend="fused", device="cuda")(
             torch.randn(B, T, I, device="cuda")
         )
+
+
+@pytest.mark.parametrize("how", ["full", "padded", "packed"])
+def test_a_training_step_does_not_wait_for_the_gpu(how):
+    """A call and its backward make no host synchronisation, so that a training loop's host
+    queues the next step while the GPU runs this one: torch's sync debug mode raises on any
+    (a packed batch's sort order is on the GPU; reading it there would wait)."""
+    layer = _layer("lstm", 1, 64, torch.bfloat16, num_layers=2, bidirectional=True)
+    x = torch.randn(B, T, I, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    # packed here: packing copies the sort order to the GPU from pageable memory, which waits
+    packed = pack_padded_sequence(x, LENGTHS, batch_first=True, enforce_sorted=False)
+
+    def step():
+        if how == "packed":
+            out = layer(packed)[0].data
+        else:
+            out = layer(x, lengths=LENGTHS if how == "padded" else None)[0]
+        out.float().sum().backward(retain_graph=how == "packed")
+
+    step()  # the first call builds and plans
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+    assert layer.cell.last_backend == "fused"
