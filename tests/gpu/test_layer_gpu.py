@@ -164,12 +164,15 @@ def test_a_fused_size_that_does_not_fit_says_so():
         )
 
 
-@pytest.mark.parametrize("how", ["full", "padded", "packed"])
+@pytest.mark.parametrize("how", ["full", "padded", "packed", "pruned"])
 def test_a_training_step_does_not_wait_for_the_gpu(how):
     """A call and its backward make no host synchronisation, so that a training loop's host
     queues the next step while the GPU runs this one: torch's sync debug mode raises on any
-    (a packed batch's sort order is on the GPU; reading it there would wait)."""
+    (a packed batch's sort order is on the GPU; reading it there would wait; a pruned layer's
+    mask is measured once, at its first call)."""
     layer = _layer("lstm", 1, 64, torch.bfloat16, num_layers=2, bidirectional=True)
+    if how == "pruned":
+        layer.prune_(0.5)
     x = torch.randn(B, T, I, device="cuda", dtype=torch.bfloat16, requires_grad=True)
     # packed here: packing copies the sort order to the GPU from pageable memory, which waits
     packed = pack_padded_sequence(x, LENGTHS, batch_first=True, enforce_sorted=False)
