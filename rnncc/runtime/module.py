@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypedDict, cast, overload
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
@@ -751,23 +752,33 @@ def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, CheckedLengths, 
     as flat indices ``b * T + t``, the rows' lengths (int64, the caller's order) and T, both
     tensors on the data's device: one gather converts either way, rather than PyTorch's pack
     and pad, whose backward copies once per time step. Nothing here waits for the GPU: the
-    sort order lives there, so the indices and lengths are made there from what the batch
-    sizes (on the CPU) give."""
-    sizes = packed.batch_sizes
+    sort order lives there, so the indices and lengths are made there, from what the batch
+    sizes (on the CPU) give, in numpy (a few µs where torch's CPU ops take tens each, and the
+    host's time here is the GPU's wait at the start of every call)."""
+    sizes = packed.batch_sizes.numpy()  # non-increasing, on the CPU
     T, B = len(sizes), int(sizes[0]) if len(sizes) else 0
-    keep = torch.arange(B)[None, :] < sizes[:, None]  # [T, B]: sorted row i of step t is present
-    # time-major, as the packed data (a boolean mask of an expanded tensor takes milliseconds)
-    steps, sorted_rows = keep.nonzero(as_tuple=True)
-    host = torch.cat([steps, sorted_rows, keep.sum(0)])
-    device = packed.data.device
-    if device.type == "cuda":  # copied from pinned memory: no wait for the GPU
-        host = host.pin_memory().to(device, non_blocking=True)
-    steps, sorted_rows, lengths = host.split([len(steps), len(steps), B])
-    if packed.sorted_indices is not None:
-        order = packed.sorted_indices.to(device, non_blocking=True)
-        sorted_rows = order.index_select(0, sorted_rows)
-        lengths = torch.empty_like(lengths).index_copy_(0, order, lengths)
-    return sorted_rows * T + steps, CheckedLengths(lengths), T
+    # time-major, as the packed data: step t holds sorted rows 0 .. sizes[t] - 1
+    steps = np.repeat(np.arange(T), sizes)
+    rows = np.arange(len(steps)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    lengths = np.searchsorted(-sizes, -np.arange(B))  # sorted row i's steps: sizes[t] > i
+    device, order = packed.data.device, packed.sorted_indices
+    if order is None:
+        return _on(rows * T + steps, device), CheckedLengths(_on(lengths, device)), T
+    host = _on(np.concatenate([steps, rows, lengths]), device)
+    steps_d, rows_d, lengths_d = host.split([len(steps), len(steps), B])
+    order = order.to(device, non_blocking=True)
+    index = torch.add(steps_d, order.index_select(0, rows_d), alpha=T)
+    unsorted = packed.unsorted_indices
+    assert unsorted is not None  # PackedSequence sets both or neither
+    lengths_d = lengths_d.index_select(0, unsorted.to(device, non_blocking=True))
+    return index, CheckedLengths(lengths_d), T
+
+
+def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
+    """``a`` as an int64 tensor on ``device``: a CUDA one copied from pinned memory, which
+    does not wait for the GPU."""
+    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
+    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
 
 
 def _padded(packed: PackedSequence, index: torch.Tensor, B: int, T: int) -> torch.Tensor:
