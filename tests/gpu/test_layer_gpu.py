@@ -192,3 +192,20 @@ def test_a_training_step_does_not_wait_for_the_gpu(how):
     finally:
         torch.cuda.set_sync_debug_mode(0)
     assert layer.cell.last_backend == "fused"
+
+
+def test_decoding_steps_do_not_wait_for_the_gpu():
+    """``layer.step`` under ``no_grad`` (the decoding kernel, one launch a layer) makes no host
+    synchronisation either: a decoding loop's host stays ahead of the GPU."""
+    layer = _layer("lstm", 1, 64, torch.bfloat16, num_layers=2)
+    x_t = torch.randn(B, I, device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        _, states = layer.step(x_t)  # the first step builds
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for _ in range(3):
+                _, states = layer.step(x_t, states)
+        finally:
+            torch.cuda.set_sync_debug_mode(0)
+    assert states.shape == (2, 2, B, 64)
