@@ -36,7 +36,7 @@ from rnncc.runtime.api import (
     refuse_torch_func,
 )
 from rnncc.runtime.sparsity import magnitude_mask, masked, validate_mask
-from rnncc.runtime.validate import CheckedLengths, Sizes, validate_lengths
+from rnncc.runtime.validate import CheckedLengths, Sizes, moved, validate_lengths
 
 #: What ``states=`` takes: ``[S, L·dirs, B, H]``, a tuple of ``S`` tensors ``[L·dirs, B, H]``
 #: (``nn.LSTM``'s ``(h0, c0)``), or ``[L·dirs, B, H]`` for a cell of one state (``h0``).
@@ -775,10 +775,8 @@ def _packed_rows(packed: PackedSequence) -> tuple[torch.Tensor, CheckedLengths, 
 
 
 def _on(a: np.ndarray, device: torch.device) -> torch.Tensor:
-    """``a`` as an int64 tensor on ``device``: a CUDA one copied from pinned memory, which
-    does not wait for the GPU."""
-    t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
-    return t.pin_memory().to(device, non_blocking=True) if device.type == "cuda" else t
+    """``a`` as an int64 tensor on ``device``, copied there without waiting for the GPU."""
+    return moved(torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64)), device)
 
 
 def _padded(packed: PackedSequence, index: torch.Tensor, B: int, T: int) -> torch.Tensor:

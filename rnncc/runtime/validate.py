@@ -188,9 +188,14 @@ def validate_lengths(
                 f"lengths[{bad}] = {int(out[bad])} {where} is outside 1..T={T}: every row "
                 f"runs at least one and at most T steps"
             )
-    out = out.to(dtype=dtype).contiguous()
-    if out.device == device:
-        return out
-    if out.device.type == "cpu" and device.type == "cuda":
-        return out.pin_memory().to(device, non_blocking=True)
-    return out.to(device)
+    return moved(out.to(dtype=dtype).contiguous(), device)
+
+
+def moved(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """``t`` on ``device``; from the CPU to a CUDA device through pinned memory, a copy that
+    does not wait for the GPU."""
+    if t.device == device:
+        return t
+    if t.device.type == "cpu" and device.type == "cuda":
+        return t.pin_memory().to(device, non_blocking=True)
+    return t.to(device)

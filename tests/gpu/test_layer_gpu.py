@@ -6,6 +6,7 @@ reverse-direction cases run the kernels built with per-row lengths (kTimeline)."
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import pytest
@@ -164,6 +165,18 @@ def test_a_fused_size_that_does_not_fit_says_so():
         )
 
 
+@contextlib.contextmanager
+def _no_synchronisation():
+    """Raise on any host synchronisation inside (torch's sync debug mode), the GPU idle
+    before."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
+
+
 @pytest.mark.parametrize("how", ["full", "padded", "packed", "pruned"])
 def test_a_training_step_does_not_wait_for_the_gpu(how):
     """A call and its backward make no host synchronisation, so that a training loop's host
@@ -185,12 +198,8 @@ def test_a_training_step_does_not_wait_for_the_gpu(how):
         out.float().sum().backward(retain_graph=how == "packed")
 
     step()  # the first call builds and plans
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
+    with _no_synchronisation():
         step()
-    finally:
-        torch.cuda.set_sync_debug_mode(0)
     assert layer.cell.last_backend == "fused"
 
 
@@ -201,11 +210,7 @@ def test_decoding_steps_do_not_wait_for_the_gpu():
     x_t = torch.randn(B, I, device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         _, states = layer.step(x_t)  # the first step builds
-        torch.cuda.synchronize()
-        torch.cuda.set_sync_debug_mode("error")
-        try:
+        with _no_synchronisation():
             for _ in range(3):
                 _, states = layer.step(x_t, states)
-        finally:
-            torch.cuda.set_sync_debug_mode(0)
     assert states.shape == (2, 2, B, 64)
