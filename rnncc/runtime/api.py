@@ -224,12 +224,31 @@ class CompiledCell:
         params: torch.Tensor | None = None,
         backend: str = "auto",
         *,
-        lengths: torch.Tensor | CheckedLengths | None = None,
+        lengths: torch.Tensor | None = None,
         reverse: bool | Sequence[bool] = False,
         mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(y, last)``; the inputs, ``lengths``, ``reverse`` and ``mask`` as in the module
         docstring."""
+        return self._call(
+            Wx, R, b, states, params, backend, lengths=lengths, reverse=reverse, mask=mask
+        )
+
+    def _call(
+        self,
+        Wx: torch.Tensor,
+        R: torch.Tensor | None = None,
+        b: torch.Tensor | None = None,
+        states: torch.Tensor | None = None,
+        params: torch.Tensor | None = None,
+        backend: str = "auto",
+        *,
+        lengths: torch.Tensor | CheckedLengths | None = None,
+        reverse: bool | Sequence[bool] = False,
+        mask: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``__call__``, whose ``lengths`` may also be ``CheckedLengths`` (``rnncc.RNN``'s own,
+        derived from a ``PackedSequence``: their values are not read)."""
         refuse_torch_func("a cell call")
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")

@@ -593,7 +593,7 @@ class RNN(nn.Module):
 
         if states is not None:  # [S, dirs, B, H] → [S, B, dirs·NH, D]
             states = _cast(states.transpose(1, 2).reshape(S, B, dirs * NH, D), ctype)
-        y, last = self.cell(
+        y, last = self.cell._call(
             self._project(ws, x, ctype),
             heads([w.R for w in ws], 1),
             heads([w.bias() for w in ws], 1),
