@@ -391,6 +391,8 @@ class RNN(nn.Module):
     ) -> tuple[torch.Tensor | PackedSequence, torch.Tensor]:
         """``(out, last)``; docs/api.md gives the shapes."""
         refuse_torch_func("an RNN call")
+        if isinstance(x, torch.Tensor) and x.dim() == 2:  # one sequence, as nn.LSTM takes it
+            return self._one_sequence(x, states, lengths)
         packed = x if isinstance(x, PackedSequence) else None
         if packed is not None:
             if lengths is not None:
@@ -410,7 +412,7 @@ class RNN(nn.Module):
                 got = f"shape {_shape(x)}" if isinstance(x, torch.Tensor) else type(x).__name__
                 raise ValueError(
                     f"x has {got}, expected {order} with input_size={self.input_size}, "
-                    "or a PackedSequence"
+                    "[T, input_size] (one sequence) or a PackedSequence"
                 )
             if not self.batch_first:
                 x = x.transpose(0, 1)
@@ -444,6 +446,54 @@ class RNN(nn.Module):
             if packed is not None:
                 return _packed_like(h, index, T_packed, packed), last
         return (h if self.batch_first else h.transpose(0, 1)), last
+
+    def _one_sequence(
+        self,
+        x: torch.Tensor,
+        states: States | None,
+        lengths: torch.Tensor | Sequence[int] | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``forward`` of one sequence (``nn.LSTM``'s unbatched input): ``x`` ``[T, input_size]``
+        and ``states`` without their batch axis (``[S, L·dirs, H]``, a tuple of ``[L·dirs, H]``,
+        or ``h0`` ``[L·dirs, H]``) → ``out`` ``[T, dirs·O·H]``, ``last`` ``[S, L·dirs, H]``; a
+        batch of one underneath, whatever ``batch_first`` says."""
+        if x.shape[1] != self.input_size:
+            raise ValueError(
+                f"x has shape {_shape(x)}, expected [T, input_size={self.input_size}] for one "
+                "sequence (or a batch, or a PackedSequence)"
+            )
+        if lengths is not None:
+            raise ValueError("lengths= is for a batch; x [T, input_size] is one sequence")
+        names = self.cell.state_names
+        S, K, H = len(names), self.num_layers * self.num_directions, self.hidden_size
+        batched: States | None = states
+        if isinstance(states, tuple | list):
+            if len(states) != S or not all(
+                isinstance(s, torch.Tensor) and tuple(s.shape) == (K, H) for s in states
+            ):
+                got = ", ".join(
+                    _shape(s) if isinstance(s, torch.Tensor) else type(s).__name__ for s in states
+                )
+                raise ValueError(
+                    f"states for one sequence as a tuple hold one tensor [num_layers*"
+                    f"num_directions={K}, hidden_size={H}] per state ({', '.join(names)}); "
+                    f"got {got}"
+                )
+            batched = [s.unsqueeze(1) for s in states]
+        elif isinstance(states, torch.Tensor):
+            if tuple(states.shape) == (S, K, H):
+                batched = states.unsqueeze(2)
+            elif S == 1 and tuple(states.shape) == (K, H):  # h0 of nn.GRU and nn.RNN
+                batched = states.view(1, K, 1, H)
+            else:
+                raise ValueError(
+                    f"states has shape {_shape(states)}, expected [S={S} ({', '.join(names)}), "
+                    f"num_layers*num_directions={K}, hidden_size={H}] for one sequence"
+                )
+        axis = 0 if self.batch_first else 1
+        out, last = self.forward(x.unsqueeze(axis), batched)
+        assert isinstance(out, torch.Tensor)
+        return out.squeeze(axis), last.squeeze(2)
 
     def step(
         self,

@@ -115,6 +115,27 @@ def test_layer_on_fused_matches_the_float64_reference(
 
 
 @pytest.mark.parametrize(("NH", "H"), SIZES, ids=[f"{nh}x{h // nh}" for nh, h in SIZES])
+def test_one_sequence_on_fused_matches_the_float64_reference(NH, H):
+    """nn.LSTM's unbatched input, x [T, I]: a batch of one row on the fused kernels."""
+    layer = _layer("lstm", NH, H, torch.bfloat16, num_layers=2, bidirectional=True)
+    ref = _reference(layer)
+    x = torch.randn(T, I, device="cuda")
+    states = 0.5 * torch.randn(2, 4, H, device="cuda")
+    results = []
+    for module, dtype in ((layer, torch.bfloat16), (ref, torch.float64)):
+        xg, sg = x.to(dtype).requires_grad_(), states.to(dtype).requires_grad_()
+        out, last = module(xg, sg)
+        assert out.shape == (T, 2 * H) and last.shape == (2, 4, H)
+        (out.double().square().sum() + last.double().sum()).backward()
+        results.append({"out": out, "last": last, "dx": xg.grad, "dstates": sg.grad})
+        if module is layer:
+            assert layer.cell.last_backend == "fused"
+    tol = TOLERANCES[torch.bfloat16]
+    errors = {k: rel_err(results[0][k], results[1][k]) for k in results[0]}
+    assert all(v <= tol for v in errors.values()), errors
+
+
+@pytest.mark.parametrize(("NH", "H"), SIZES, ids=[f"{nh}x{h // nh}" for nh, h in SIZES])
 def test_autocast_bf16_with_fp32_weights(NH, H):
     """As nn.LSTM under autocast: the bf16 kernels run, the weights and their gradients stay
     float32, and the result is the layer with bf16-rounded weights."""

@@ -158,14 +158,46 @@ def test_wrong_x_shape() -> None:
     m = layer("gru")
     with pytest.raises(ValueError) as err:
         m(torch.randn(B, T, IN + 1))
-    tail = " with input_size=5, or a PackedSequence"
+    tail = " with input_size=5, [T, input_size] (one sequence) or a PackedSequence"
     assert str(err.value) == "x has shape [3, 4, 6], expected [B, T, input_size]" + tail
     with pytest.raises(ValueError) as err:
-        m(torch.randn(B, IN))
-    assert str(err.value) == "x has shape [3, 5], expected [B, T, input_size]" + tail
+        m(torch.randn(B, T, IN, 1))
+    assert str(err.value) == "x has shape [3, 4, 5, 1], expected [B, T, input_size]" + tail
     with pytest.raises(ValueError) as err:
         layer("gru", batch_first=False)(torch.randn(T, B, 2))
     assert str(err.value) == "x has shape [4, 3, 2], expected [T, B, input_size]" + tail
+    with pytest.raises(ValueError) as err:
+        m(torch.randn(T, IN + 1))
+    assert str(err.value) == (
+        "x has shape [4, 6], expected [T, input_size=5] for one sequence (or a batch, or a "
+        "PackedSequence)"
+    )
+
+
+def test_one_sequence_is_a_batch_of_one() -> None:
+    m = layer("lstm", num_layers=2, bidirectional=True)
+    x, s = torch.randn(T, IN), torch.randn(2, 4, H)
+    out, last = m(x, s)
+    batch_out, batch_last = m(x[None], s[:, :, None])
+    torch.testing.assert_close((out, last), (batch_out[0], batch_last[:, :, 0]))
+    assert out.shape == (T, 2 * H) and last.shape == (2, 4, H)
+    time_major = layer("lstm", num_layers=2, bidirectional=True, batch_first=False)
+    torch.testing.assert_close(time_major(x, s), (out, last))  # batch_first does not apply
+    for bad, message in [
+        (torch.randn(2, 4, 1, H), "states has shape [2, 4, 1, 6], expected [S=2 (h, c), "),
+        ((s[0], s[1, :2]), "states for one sequence as a tuple hold one tensor "),
+        ((s[0],), "states for one sequence as a tuple hold one tensor "),
+    ]:
+        with pytest.raises(ValueError) as err:
+            m(x, bad)
+        assert str(err.value).startswith(message), str(err.value)
+    with pytest.raises(ValueError) as err:
+        m(x, lengths=[2])
+    assert str(err.value) == "lengths= is for a batch; x [T, input_size] is one sequence"
+    # nn.GRU's h0 without its batch axis
+    g = layer("gru")
+    h0 = torch.randn(1, H)
+    torch.testing.assert_close(g(x, h0), g(x, h0[None]))
 
 
 def test_initial_states() -> None:

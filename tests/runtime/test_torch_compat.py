@@ -100,6 +100,36 @@ def test_equals_torch(kind, num_layers, bidirectional, batch_first, with_states,
         torch.testing.assert_close(back[name], p, **TOL, msg=name)
 
 
+@pytest.mark.parametrize("with_states", [False, True], ids=["zero-states", "states"])
+@pytest.mark.parametrize("batch_first", [False, True], ids=["time-major", "batch-first"])
+@pytest.mark.parametrize("kind", MODULES)
+def test_one_sequence_equals_torch(kind, batch_first, with_states):
+    """torch's unbatched input: x [T, I], states without their batch axis."""
+    theirs = _torch_module(kind, num_layers=2, bidirectional=True, batch_first=batch_first)
+    ours = rnncc.RNN.from_torch(theirs, backend="reference")
+    S = 2 if kind == "lstm" else 1
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(T, I, generator=g, dtype=torch.float64)
+    s0 = torch.randn(S, 4, H, generator=g, dtype=torch.float64)
+    cot = torch.randn(T, 2 * H, generator=g, dtype=torch.float64)
+    results = []
+    for module in (theirs, ours):
+        xg = x.clone().requires_grad_()
+        states = [s.clone().requires_grad_() for s in s0] if with_states else []
+        given = None if not states else (tuple(states) if kind == "lstm" else states[0])
+        out, last = module(xg, given)
+        if module is theirs:
+            last = torch.stack(last) if isinstance(last, tuple) else last[None]
+        assert out.shape == (T, 2 * H) and last.shape == (S, 4, H)
+        ((out * cot).sum() + last.sum()).backward()
+        results.append((out, last, xg.grad, [s.grad for s in states]))
+    for a, b in zip(results[1], results[0], strict=True):
+        torch.testing.assert_close(a, b, **TOL)
+    if with_states:  # the states as one tensor [S, L·dirs, H]
+        out, last = ours(x, s0)
+        torch.testing.assert_close((out, last), (results[1][0], results[1][1]), **TOL)
+
+
 @pytest.mark.parametrize("kind", MODULES)
 def test_options_round_trip(kind):
     theirs = _torch_module(
