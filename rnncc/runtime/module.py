@@ -382,6 +382,25 @@ class RNN(nn.Module):
 
         return to_torch(self)
 
+    def _load_from_state_dict(
+        self,
+        state_dict: dict[str, Any],
+        prefix: str,
+        local_metadata: dict[str, Any],
+        strict: bool,
+        missing_keys: list[str],
+        unexpected_keys: list[str],
+        error_msgs: list[str],
+    ) -> None:
+        # A torch module's checkpoint: its keys renamed before the weights' modules load
+        # (load_state_dict hands them this dict after this call).
+        from rnncc.runtime.torch_compat import rename_torch_keys
+
+        rename_torch_keys(self, state_dict, prefix, error_msgs)
+        super()._load_from_state_dict(
+            state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys, error_msgs
+        )
+
     # ---- calling -------------------------------------------------------------------------
     def forward(
         self,

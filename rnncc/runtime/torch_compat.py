@@ -5,12 +5,14 @@ its gates in torch's order (LSTM i, f, g, o; GRU r, z, n), ``weight_ih`` and ``b
 the input projection, ``weight_hh`` as ``R`` (one head) and ``bias_hh`` as ``b`` (for GRU the
 ``b_hn`` inside the reset product, as torch has it). So converting copies tensors and reshapes
 them, nothing else (``to_torch`` copies a pruned R masked: its ``weight_hh`` is dense, with
-zeros at the dropped entries). ``proj_size`` has no counterpart and is refused.
+zeros at the dropped entries). ``proj_size`` has no counterpart and is refused. A torch
+module's ``state_dict`` loads into the equivalent layer (``rename_torch_keys``).
 """
 
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,8 +78,8 @@ def from_torch(module: nn.Module, *, backend: str = "auto") -> RNN:
     return layer
 
 
-def to_torch(layer: RNN) -> nn.RNNBase:
-    """See ``RNN.to_torch``."""
+def _torch_kind(layer: RNN) -> tuple[type[nn.LSTM | nn.GRU | nn.RNN], str | None]:
+    """The torch module (class, nonlinearity) equal to ``layer``; ValueError if there is none."""
     source = layer.cell.source()
     found = next((key for key, name in BUILTIN_OF.items() if _builtin_source(name) == source), None)
     if found is None:
@@ -90,7 +92,12 @@ def to_torch(layer: RNN) -> nn.RNNBase:
             f"num_heads={layer.num_heads}: torch's modules have one head (a dense R); "
             "only num_heads=1 converts"
         )
-    cls, nonlinearity = found
+    return found
+
+
+def to_torch(layer: RNN) -> nn.RNNBase:
+    """See ``RNN.to_torch``."""
+    cls, nonlinearity = _torch_kind(layer)
     p = next(layer.parameters())
     extra = {} if nonlinearity is None else {"nonlinearity": nonlinearity}
     module = cls(
@@ -108,6 +115,63 @@ def to_torch(layer: RNN) -> nn.RNNBase:
     module.train(layer.training)
     _copy(layer, module, to_torch=True)
     return module
+
+
+#: A CellWeights' parameters and torch's names for them (before the ``_l0`` suffix).
+_TORCH_NAMES = (
+    ("input_proj.weight", "weight_ih"),
+    ("R", "weight_hh"),
+    ("input_proj.bias", "bias_ih"),
+    ("b", "bias_hh"),
+)
+
+
+def rename_torch_keys(
+    layer: RNN, state_dict: dict[str, Any], prefix: str, error_msgs: list[str]
+) -> None:
+    """Where ``state_dict`` holds a torch module's keys under ``prefix`` (``weight_ih_l0``,
+    ``bias_hh_l1_reverse``, ...), put each under the layer's own name (``weights.0.input_proj.
+    weight``, ``weights.3.b``, ...), reshaped to its shape, so that ``load_state_dict`` loads a
+    checkpoint of ``nn.LSTM``, ``GRU`` or ``RNN`` into the equal layer. A value of another size
+    keeps its shape, and load_state_dict's size check names it; a layer with no torch
+    equivalent adds an error to ``error_msgs``."""
+    suffixes = _suffixes(layer)
+    found = [
+        prefix + theirs + sfx
+        for sfx in suffixes
+        for _, theirs in _TORCH_NAMES
+        if prefix + theirs + sfx in state_dict
+    ]
+    if not found:
+        return
+    try:
+        _torch_kind(layer)
+    except ValueError as err:
+        error_msgs.append(
+            f"{', '.join(found[:2])}{', ...' if len(found) > 2 else ''}: a torch module's keys, "
+            f"which load only into a layer equal to it: {err}"
+        )
+        return
+    for k, (weights, sfx) in enumerate(zip(layer.weights, suffixes, strict=True)):
+        for ours, theirs in _TORCH_NAMES:
+            value = state_dict.get(prefix + theirs + sfx)
+            target = weights.get_parameter(ours) if _has(weights, ours) else None
+            if value is None or target is None:  # a bias the layer lacks stays unexpected
+                continue
+            del state_dict[prefix + theirs + sfx]
+            same = isinstance(value, torch.Tensor) and value.numel() == target.numel()
+            state_dict[f"{prefix}weights.{k}.{ours}"] = (
+                value.reshape(target.shape) if same else value
+            )
+
+
+def _has(module: nn.Module, name: str) -> bool:
+    """Whether ``module`` has the parameter ``name`` (dotted): ``get_parameter`` raises."""
+    try:
+        module.get_parameter(name)
+    except AttributeError:
+        return False
+    return True
 
 
 def _copy(layer: RNN, module: nn.RNNBase, *, to_torch: bool) -> None:

@@ -157,6 +157,55 @@ def test_options_round_trip(kind):
     torch.testing.assert_close(out_o, out_t, **TOL)
 
 
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("kind", MODULES)
+def test_a_torch_checkpoint_loads(kind, bias):
+    """A model's nn.LSTM swapped for rnncc.RNN loads the model's old state_dict."""
+    theirs = nn.Sequential(_torch_module(kind, num_layers=2, bidirectional=True, bias=bias))
+    ours = nn.Sequential(
+        rnncc.RNN.from_torch(_torch_module(kind, 1, num_layers=2, bias=bias, bidirectional=True))
+    )
+    result = ours.load_state_dict(theirs.state_dict())  # strict
+    assert not result.missing_keys and not result.unexpected_keys
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    out_t, _ = theirs[0](x)
+    out_o, _ = ours[0](x)
+    torch.testing.assert_close(out_o, out_t, **TOL)
+    # rnncc's own keys still load
+    ours.load_state_dict(ours.state_dict())
+
+
+def test_a_torch_checkpoint_needs_an_equal_layer():
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    checkpoint = _torch_module("lstm").state_dict()
+    for layer, why in [
+        (
+            rnncc.RNN(rnncc.load_builtin("lstm"), I, H, num_heads=2, dtype=torch.float64),
+            "num_heads=2: torch's modules have one head",
+        ),
+        (
+            rnncc.RNN(examples / "slstm.rnn", I, H, dtype=torch.float64),
+            "cell 'slstm' is not a built-in cell",
+        ),
+    ]:
+        with pytest.raises(RuntimeError) as err:
+            layer.load_state_dict(checkpoint)
+        assert (
+            "weight_ih_l0, weight_hh_l0, ...: a torch module's keys, which load only into a "
+            f"layer equal to it: {why}"
+        ) in str(err.value)
+    # another torch module's weights (an LSTM's 4 gates into a GRU's 3): a size mismatch
+    gru = rnncc.RNN(rnncc.load_builtin("gru"), I, H, dtype=torch.float64)
+    with pytest.raises(
+        RuntimeError,
+        match=r"size mismatch for weights\.0\.R: copying a param "
+        r"with shape torch\.Size\(\[8, 2\]\)",
+    ):
+        gru.load_state_dict(checkpoint)
+
+
 def test_from_torch_refuses_what_has_no_counterpart():
     with pytest.raises(ValueError, match=r"^LSTM with proj_size=2 has no rnncc counterpart"):
         rnncc.RNN.from_torch(nn.LSTM(I, 4, proj_size=2))
