@@ -382,6 +382,22 @@ class RNN(nn.Module):
 
         return to_torch(self)
 
+    def flatten_parameters(self) -> None:
+        """Nothing to do, and kept so that code written for ``nn.LSTM`` runs: cuDNN needs a
+        module's weights in one buffer, rnncc's kernels take each layer's as they are."""
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            # nn.LSTM's weight names (weight_ih_l0, ...): views of the layer's own weights
+            from rnncc.runtime.torch_compat import torch_weight
+
+            found = torch_weight(self, name)
+            if found is None:
+                raise
+            return found
+
     def _load_from_state_dict(
         self,
         state_dict: dict[str, Any],

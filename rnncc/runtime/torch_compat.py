@@ -11,6 +11,7 @@ module's ``state_dict`` loads into the equivalent layer (``rename_torch_keys``).
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from typing import Any
 
@@ -163,6 +164,42 @@ def rename_torch_keys(
             state_dict[f"{prefix}weights.{k}.{ours}"] = (
                 value.reshape(target.shape) if same else value
             )
+
+
+_TORCH_WEIGHT = re.compile(r"(weight|bias)_(ih|hh)_l(\d+)(_reverse)?")
+
+
+def torch_weight(layer: RNN, name: str) -> torch.Tensor | None:
+    """``layer.weight_hh_l0`` and its kin: a view, in the torch module's shape, of the layer's
+    own parameter (so code that reads or initialises ``nn.LSTM``'s weights in place runs);
+    None where ``name`` is no such name. AttributeError for a name the layer lacks or a
+    layer with no torch equivalent."""
+    m = _TORCH_WEIGHT.fullmatch(name)
+    if m is None:
+        return None
+    kind, side, l, reverse = m.group(1), m.group(2), int(m.group(3)), bool(m.group(4))
+    missing = f"'{type(layer).__name__}' object has no attribute '{name}'"
+    if l >= layer.num_layers or (reverse and not layer.bidirectional):
+        raise AttributeError(missing)
+    try:
+        _torch_kind(layer)
+    except ValueError as err:
+        raise AttributeError(
+            f"{missing}: torch's weight names need an equal torch module; {err}"
+        ) from None
+    weights = layer.weights[l * layer.num_directions + int(reverse)]
+    assert isinstance(weights, CellWeights) and weights.input_proj is not None
+    if side == "ih":
+        found = weights.input_proj.weight if kind == "weight" else weights.input_proj.bias
+        if found is None:
+            raise AttributeError(f"{missing} (bias=False)")
+        return found.view(found.shape)
+    if kind == "bias":
+        if weights.b is None:
+            raise AttributeError(f"{missing} (bias=False)")
+        return weights.b.view(-1)
+    assert weights.R is not None
+    return weights.R.view(-1, layer.hidden_size)
 
 
 def _has(module: nn.Module, name: str) -> bool:

@@ -206,6 +206,31 @@ def test_a_torch_checkpoint_needs_an_equal_layer():
         gru.load_state_dict(checkpoint)
 
 
+@pytest.mark.parametrize("kind", MODULES)
+def test_torch_weight_names_are_views_of_the_layers_weights(kind):
+    """Code that reads or initialises nn.LSTM's weights by name runs on the layer."""
+    theirs = _torch_module(kind, num_layers=2, bidirectional=True)
+    ours = rnncc.RNN.from_torch(theirs)
+    for name, p in theirs.named_parameters():
+        view = getattr(ours, name)
+        assert view.shape == p.shape and torch.equal(view, p), name
+    for module in (theirs, ours):  # in-place initialisation, as model code does it
+        torch.manual_seed(5)
+        nn.init.orthogonal_(module.weight_hh_l1_reverse)
+        with torch.no_grad():
+            module.bias_ih_l0[H : 2 * H].fill_(1.0)
+    x = torch.randn(T, B, I, dtype=torch.float64)
+    torch.testing.assert_close(ours(x)[0], theirs(x)[0], **TOL)
+    ours.flatten_parameters()  # nothing to do, as model code calls it
+    for name in ("weight_hh_l2", "bias_ih_l0_forward", "weight_hh_l1_reverse_"):
+        with pytest.raises(AttributeError, match=rf"^'RNN' object has no attribute '{name}'$"):
+            getattr(ours, name)
+    with pytest.raises(AttributeError, match=r"'bias_hh_l0' \(bias=False\)$"):
+        _ = rnncc.RNN.from_torch(_torch_module(kind, bias=False)).bias_hh_l0
+    with pytest.raises(AttributeError, match=r"need an equal torch module; num_heads=2"):
+        _ = rnncc.RNN(rnncc.load_builtin("lstm"), I, 4, num_heads=2).weight_hh_l0
+
+
 def test_from_torch_refuses_what_has_no_counterpart():
     with pytest.raises(ValueError, match=r"^LSTM with proj_size=2 has no rnncc counterpart"):
         rnncc.RNN.from_torch(nn.LSTM(I, 4, proj_size=2))
