@@ -729,19 +729,25 @@ class RNN(nn.Module):
         out = nn.functional.linear(_cast(x, ctype), weight, bias)
         return out.view(B, T, G, dirs * NH, D)
 
-    def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
-        # The first layer's first weight (every layer holds the same dtype); not
-        # self.parameters(), whose walk over the modules costs a step microseconds.
+    def _first_weight(self) -> torch.Tensor | None:
+        # The first layer's first weight (every layer holds the same dtype, on one device);
+        # not self.parameters(), whose walk over the modules costs a step microseconds.
         first = next(iter(self._cell_weights()), None)
         p = None if first is None else next(iter(first._parameters.values()), None)
-        if p is None:
-            p = next(self.parameters(), None)
+        return next(self.parameters(), None) if p is None else p
+
+    def _weights_dtype(self, x: torch.Tensor) -> torch.dtype:
+        p = self._first_weight()
         return x.dtype if p is None else p.dtype
 
     def _compute_dtype(self, x: torch.Tensor) -> torch.dtype:
         """The dtype the cell runs in: autocast's for float32 weights where autocast is on for
-        ``x``'s device (fp32 master weights, as ``nn.LSTM``), else the weights' own."""
-        dtype = self._weights_dtype(x)
+        ``x``'s device (fp32 master weights, as ``nn.LSTM``), else the weights' own. Checks
+        that ``x`` is on the weights' device."""
+        p = self._first_weight()
+        if p is not None and p.device != x.device:
+            raise ValueError(f"x is on {x.device}, expected {p.device} like the layer's weights")
+        dtype = x.dtype if p is None else p.dtype
         if dtype == torch.float32 and torch.is_autocast_enabled(device := x.device.type):
             return torch.get_autocast_dtype(device)
         if x.dtype != dtype:

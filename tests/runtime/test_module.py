@@ -174,6 +174,15 @@ def test_wrong_x_shape() -> None:
     )
 
 
+def test_x_on_another_device_than_the_weights() -> None:
+    m = layer("lstm")
+    x = torch.randn(B, T, IN, device="meta")
+    for call in (lambda: m(x), lambda: m(x[0]), lambda: m.step(x[:, 0])):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == "x is on meta, expected cpu like the layer's weights"
+
+
 def test_one_sequence_is_a_batch_of_one() -> None:
     m = layer("lstm", num_layers=2, bidirectional=True)
     x, s = torch.randn(T, IN), torch.randn(2, 4, H)
