@@ -19,7 +19,8 @@ import torch
 from torch import nn
 
 from rnncc.runtime.api import load_builtin
-from rnncc.runtime.module import RNN, CellWeights
+from rnncc.runtime.module import RNN
+from rnncc.runtime.weights import CellWeights
 
 #: The built-in cell of each torch module, by (class, nonlinearity).
 BUILTIN_OF: dict[tuple[type[nn.LSTM | nn.GRU | nn.RNN], str | None], str] = {

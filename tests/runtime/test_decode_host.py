@@ -18,7 +18,7 @@ from torch.nn import functional as F
 
 import rnncc
 import rnncc.runtime.module as module
-from rnncc.runtime.module import CellWeights
+from rnncc.runtime.weights import CellWeights
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 IN, H, NH, B = 5, 6, 2, 3  # head dim 3
