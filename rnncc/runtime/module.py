@@ -317,9 +317,9 @@ class RNN(nn.Module):
         lengths: torch.Tensor | Sequence[int] | None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``forward`` of one sequence (``nn.LSTM``'s unbatched input): ``x`` ``[T, input_size]``
-        and ``states`` without their batch axis (``[S, L·dirs, H]``, a tuple of ``[L·dirs, H]``,
-        or ``h0`` ``[L·dirs, H]``) → ``out`` ``[T, dirs·O·H]``, ``last`` ``[S, L·dirs, H]``; a
-        batch of one underneath, whatever ``batch_first`` says."""
+        and ``states`` without their batch axis (``_batched_states``) → ``out``
+        ``[T, dirs·O·H]``, ``last`` ``[S, L·dirs, H]``; a batch of one underneath, whatever
+        ``batch_first`` says."""
         if x.shape[1] != self.input_size:
             raise ValueError(
                 f"x has shape {_shape(x)}, expected [T, input_size={self.input_size}] for one "
@@ -327,9 +327,17 @@ class RNN(nn.Module):
             )
         if lengths is not None:
             raise ValueError("lengths= is for a batch; x [T, input_size] is one sequence")
+        axis = 0 if self.batch_first else 1
+        out, last = self.forward(x.unsqueeze(axis), self._batched_states(states))
+        assert isinstance(out, torch.Tensor)
+        return out.squeeze(axis), last.squeeze(2)
+
+    def _batched_states(self, states: States | None) -> States | None:
+        """One sequence's ``states`` (``[S, K, H]``, a tuple of ``S`` tensors ``[K, H]``, or
+        ``h0`` ``[K, H]`` for a cell of one state; ``K`` layers × directions) as a batch of
+        one's, checked."""
         names = self.cell.state_names
         S, K, H = len(names), self.num_layers * self.num_directions, self.hidden_size
-        batched: States | None = states
         if isinstance(states, tuple | list):
             if len(states) != S or not all(
                 isinstance(s, torch.Tensor) and tuple(s.shape) == (K, H) for s in states
@@ -342,21 +350,17 @@ class RNN(nn.Module):
                     f"num_directions={K}, hidden_size={H}] per state ({', '.join(names)}); "
                     f"got {got}"
                 )
-            batched = [s.unsqueeze(1) for s in states]
-        elif isinstance(states, torch.Tensor):
+            return [s.unsqueeze(1) for s in states]
+        if isinstance(states, torch.Tensor):
             if tuple(states.shape) == (S, K, H):
-                batched = states.unsqueeze(2)
-            elif S == 1 and tuple(states.shape) == (K, H):  # h0 of nn.GRU and nn.RNN
-                batched = states.view(1, K, 1, H)
-            else:
-                raise ValueError(
-                    f"states has shape {_shape(states)}, expected [S={S} ({', '.join(names)}), "
-                    f"num_layers*num_directions={K}, hidden_size={H}] for one sequence"
-                )
-        axis = 0 if self.batch_first else 1
-        out, last = self.forward(x.unsqueeze(axis), batched)
-        assert isinstance(out, torch.Tensor)
-        return out.squeeze(axis), last.squeeze(2)
+                return states.unsqueeze(2)
+            if S == 1 and tuple(states.shape) == (K, H):  # h0 of nn.GRU and nn.RNN
+                return states.view(1, K, 1, H)
+            raise ValueError(
+                f"states has shape {_shape(states)}, expected [S={S} ({', '.join(names)}), "
+                f"num_layers*num_directions={K}, hidden_size={H}] for one sequence"
+            )
+        return states
 
     def step(
         self,
@@ -367,7 +371,8 @@ class RNN(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """One time step of a unidirectional stack: ``x_t`` ``[B, input_size]`` and ``states``
         as ``forward`` takes them → ``(out_t, new_states)``, ``out_t`` ``[B, O · hidden_size]``
-        and ``new_states`` ``[S, num_layers, B, hidden_size]``. ``T`` steps equal ``forward``
+        and ``new_states`` ``[S, num_layers, B, hidden_size]`` (one sequence: no batch axis
+        anywhere, as in ``forward``). ``T`` steps equal ``forward``
         over ``T`` steps (dropout aside), gradients included. On CUDA, where no gradient is
         recorded (``torch.no_grad()``, or nothing requires grad), each layer is one launch of
         the decoding kernel, its input projection included, written into ``out=(out_t,
@@ -375,9 +380,16 @@ class RNN(nn.Module):
         refuse_torch_func("RNN.step")
         if self.bidirectional:
             raise ValueError("step runs unidirectional layers; this layer is bidirectional")
+        if isinstance(x_t, torch.Tensor) and x_t.shape == (self.input_size,):  # one sequence
+            batched = None if out is None else (out[0].unsqueeze(0), out[1].unsqueeze(2))
+            out_t, new = self.step(x_t[None], self._batched_states(states), out=batched)
+            return out if out is not None else (out_t[0], new[:, :, 0])
         if not isinstance(x_t, torch.Tensor) or x_t.dim() != 2 or x_t.shape[1] != self.input_size:
             got = f"shape {_shape(x_t)}" if isinstance(x_t, torch.Tensor) else type(x_t).__name__
-            raise ValueError(f"x_t has {got}, expected [B, input_size={self.input_size}]")
+            raise ValueError(
+                f"x_t has {got}, expected [B, input_size={self.input_size}] or "
+                "[input_size] (one sequence)"
+            )
         ctype = self._compute_dtype(x_t)
         if decodes(self.backend, x_t.device, ctype, lambda: self._inputs(x_t, states)):
             return self._decode(x_t, states, out, ctype)

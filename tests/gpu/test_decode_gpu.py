@@ -136,6 +136,27 @@ def test_out_buffers_allocate_nothing() -> None:
     assert rel_err(out, expect[0]) <= tol and rel_err(s1, expect[1]) <= tol
 
 
+def test_one_sequence_steps_into_out_buffers() -> None:
+    """x_t [input_size] and states without a batch axis on the decoding kernel, into out=
+    buffers of those shapes: the batch of one's steps, and nothing allocated."""
+    torch.manual_seed(0)
+    layer = rnncc.RNN(
+        rnncc.load_builtin("lstm"), 32, 64, num_layers=2, device="cuda", dtype=torch.bfloat16
+    )
+    x = torch.randn(32, device="cuda", dtype=torch.bfloat16)
+    s0 = torch.randn(2, 2, 64, device="cuda", dtype=torch.bfloat16)
+    out, s1 = torch.empty(64, **_like(x)), torch.empty(2, 2, 64, **_like(x))
+    with torch.no_grad():
+        for _ in range(2):  # the first builds and warms up
+            before = torch.cuda.memory_stats()["allocation.all.allocated"]
+            got = layer.step(x, s0, out=(out, s1))
+        assert torch.cuda.memory_stats()["allocation.all.allocated"] == before
+        assert layer.cell.last_backend == "decode"
+        assert got[0] is out and got[1] is s1
+        batch_out, batch_new = layer.step(x[None], s0[:, :, None])
+    assert torch.equal(out, batch_out[0]) and torch.equal(s1, batch_new[:, :, 0])
+
+
 def test_decoding_a_stack_with_feedback_captures_in_a_cuda_graph() -> None:
     """x_{t+1} = y_t W: each step's input depends on the last output; two state buffers
     alternate (a step's new states must not be its states)."""

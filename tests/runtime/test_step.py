@@ -104,11 +104,38 @@ def test_layer_steps_equal_the_stack(batch_first: bool) -> None:
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
 
 
+def test_layer_steps_of_one_sequence_equal_its_forward() -> None:
+    """x_t [input_size] and states without a batch axis, as forward takes one sequence."""
+    torch.manual_seed(0)
+    layer = rnncc.RNN(
+        rnncc.load(EXAMPLES[0].parent / "lstm.rnn"), 3, 4, num_layers=2, dtype=torch.float64
+    )
+    x = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+    h0 = torch.randn(2, 2, 4, dtype=torch.float64, requires_grad=True)
+    out, last = layer(x, h0)
+    states, outs = (h0[0], h0[1]), []  # nn.LSTM's (h0, c0) for the first step
+    for t in range(5):
+        o, states = layer.step(x[t], states)
+        assert o.shape == (4,) and states.shape == (2, 2, 4)
+        outs.append(o)
+    torch.testing.assert_close(torch.stack(outs), out, rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(states, last, rtol=1e-9, atol=1e-9)
+    g_seq = torch.autograd.grad((out.sum() + last.sum()), (x, h0))
+    g_step = torch.autograd.grad((torch.stack(outs).sum() + states.sum()), (x, h0))
+    for a, b in zip(g_step, g_seq, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match=r"^states has shape \[2, 4\], expected \[S=2 "):
+        layer.step(x[0], h0[0])
+
+
 def test_layer_step_rejects_bidirectional_and_bad_input() -> None:
     cell = rnncc.load(EXAMPLES[0].parent / "lstm.rnn")
     with pytest.raises(ValueError, match="bidirectional"):
         rnncc.RNN(cell, 3, 4, bidirectional=True).step(torch.randn(2, 3))
-    with pytest.raises(
-        ValueError, match=r"x_t has shape \[2, 1, 3\], expected \[B, input_size=3\]"
-    ):
-        rnncc.RNN(cell, 3, 4).step(torch.randn(2, 1, 3))
+    for shape in ((2, 1, 3), (4,)):
+        with pytest.raises(ValueError) as err:
+            rnncc.RNN(cell, 3, 4).step(torch.randn(shape))
+        assert str(err.value) == (
+            f"x_t has shape [{', '.join(map(str, shape))}], expected [B, input_size=3] or "
+            "[input_size] (one sequence)"
+        )
