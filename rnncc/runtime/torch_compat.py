@@ -157,7 +157,7 @@ def rename_torch_keys(
     for k, (weights, sfx) in enumerate(zip(layer.weights, suffixes, strict=True)):
         for ours, theirs in _TORCH_NAMES:
             value = state_dict.get(prefix + theirs + sfx)
-            target = weights.get_parameter(ours) if _has(weights, ours) else None
+            target = _parameter(weights, ours)
             if value is None or target is None:  # a bias the layer lacks stays unexpected
                 continue
             del state_dict[prefix + theirs + sfx]
@@ -167,7 +167,7 @@ def rename_torch_keys(
             )
 
 
-_TORCH_WEIGHT = re.compile(r"(weight|bias)_(ih|hh)_l(\d+)(_reverse)?")
+_TORCH_WEIGHT = re.compile(r"((weight|bias)_(ih|hh))_l(\d+)(_reverse)?")
 
 
 def torch_weight(layer: RNN, name: str) -> torch.Tensor | None:
@@ -178,7 +178,7 @@ def torch_weight(layer: RNN, name: str) -> torch.Tensor | None:
     m = _TORCH_WEIGHT.fullmatch(name)
     if m is None:
         return None
-    kind, side, l, reverse = m.group(1), m.group(2), int(m.group(3)), bool(m.group(4))
+    theirs, l, reverse = m.group(1), int(m.group(4)), bool(m.group(5))
     missing = f"'{type(layer).__name__}' object has no attribute '{name}'"
     if l >= layer.num_layers or (reverse and not layer.bidirectional):
         raise AttributeError(missing)
@@ -188,28 +188,20 @@ def torch_weight(layer: RNN, name: str) -> torch.Tensor | None:
         raise AttributeError(
             f"{missing}: torch's weight names need an equal torch module; {err}"
         ) from None
-    weights = layer.weights[l * layer.num_directions + int(reverse)]
-    assert isinstance(weights, CellWeights) and weights.input_proj is not None
-    if side == "ih":
-        found = weights.input_proj.weight if kind == "weight" else weights.input_proj.bias
-        if found is None:
-            raise AttributeError(f"{missing} (bias=False)")
-        return found.view(found.shape)
-    if kind == "bias":
-        if weights.b is None:
-            raise AttributeError(f"{missing} (bias=False)")
-        return weights.b.view(-1)
-    assert weights.R is not None
-    return weights.R.view(-1, layer.hidden_size)
+    ours = next(o for o, t in _TORCH_NAMES if t == theirs)
+    found = _parameter(layer.weights[l * layer.num_directions + int(reverse)], ours)
+    if found is None:
+        raise AttributeError(f"{missing} (bias=False)")
+    # torch's shapes: [gates · H, in] (R: [gates, 1, H, H]) and [gates · H]
+    return found.view(-1) if m.group(2) == "bias" else found.view(-1, found.shape[-1])
 
 
-def _has(module: nn.Module, name: str) -> bool:
-    """Whether ``module`` has the parameter ``name`` (dotted): ``get_parameter`` raises."""
+def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
+    """``module``'s parameter ``name`` (dotted), or None where it has none."""
     try:
-        module.get_parameter(name)
+        return module.get_parameter(name)
     except AttributeError:
-        return False
-    return True
+        return None
 
 
 def _copy(layer: RNN, module: nn.RNNBase, *, to_torch: bool) -> None:
