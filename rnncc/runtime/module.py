@@ -30,9 +30,9 @@ from rnncc.runtime.packing import packed_like, packed_rows, padded
 from rnncc.runtime.sparsity import magnitude_mask, validate_mask
 from rnncc.runtime.validate import CheckedLengths, Sizes, _shape, validate_lengths
 from rnncc.runtime.weights import CellWeights, _cast, _Factory
-from rnncc.runtime.weights import (
-    _MaskedR as _MaskedR,
-)  # named here in pickles made before weights.py
+
+# Pickles made before weights.py name the masked R's class here.
+from rnncc.runtime.weights import _MaskedR as _MaskedR
 
 #: What ``states=`` takes: ``[S, L·dirs, B, H]``, a tuple of ``S`` tensors ``[L·dirs, B, H]``
 #: (``nn.LSTM``'s ``(h0, c0)``), or ``[L·dirs, B, H]`` for a cell of one state (``h0``).
