@@ -519,3 +519,22 @@ def test_torch_func_transforms_are_refused_naming_the_layer() -> None:
         torch.func.grad(lambda x: m(x)[0].sum())(x)
     with pytest.raises(NotImplementedError, match=r"RNN.step does not run under torch.func"):
         torch.func.vmap(lambda x: m.step(x)[0])(x)
+
+
+def test_pickles_made_before_the_weights_moved_still_load() -> None:
+    """Pickles of layers made before ``rnncc/runtime/weights.py`` name its classes in
+    ``rnncc.runtime.module``: an old pickle's references, rewritten here, load."""
+    import pickle
+
+    import rnncc.runtime.module as module
+    import rnncc.runtime.weights as weights
+
+    m = layer("lstm", num_layers=2)
+    m.prune_(0.5)
+    data = pickle.dumps(m, protocol=2)  # class references as "module\nname" text
+    assert b"rnncc.runtime.weights" in data
+    old = data.replace(b"rnncc.runtime.weights", b"rnncc.runtime.module")
+    back = pickle.loads(old)
+    assert type(back.weights[0]) is weights.CellWeights is module.CellWeights
+    x = torch.randn(B, T, IN)
+    torch.testing.assert_close(back(x), m(x))
