@@ -175,6 +175,20 @@ def test_a_torch_checkpoint_loads(kind, bias):
     ours.load_state_dict(ours.state_dict())
 
 
+def test_a_torch_checkpoint_loads_into_a_pruned_layer_keeping_its_masks():
+    theirs = _torch_module("lstm", num_layers=2)
+    ours = rnncc.RNN.from_torch(_torch_module("lstm", 1, num_layers=2)).prune_(0.5)
+    masks = [w.R_mask.clone() for w in ours.weights]
+    with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "weights\.0\.R_mask"'):
+        ours.load_state_dict(theirs.state_dict())
+    result = ours.load_state_dict(theirs.state_dict(), strict=False)
+    assert result.missing_keys == ["weights.0.R_mask", "weights.1.R_mask"]
+    for w, mask, sfx in zip(ours.weights, masks, ("_l0", "_l1"), strict=True):
+        assert torch.equal(w.R_mask, mask)
+        dense = getattr(theirs, f"weight_hh{sfx}").view(w.R.shape)
+        assert torch.equal(w.R, torch.where(mask, dense, 0.0))
+
+
 def test_a_torch_checkpoint_needs_an_equal_layer():
     from pathlib import Path
 
