@@ -372,8 +372,8 @@ class RNN(nn.Module):
         """One time step of a unidirectional stack: ``x_t`` ``[B, input_size]`` and ``states``
         as ``forward`` takes them → ``(out_t, new_states)``, ``out_t`` ``[B, O · hidden_size]``
         and ``new_states`` ``[S, num_layers, B, hidden_size]`` (one sequence: no batch axis
-        anywhere, as in ``forward``). ``T`` steps equal ``forward``
-        over ``T`` steps (dropout aside), gradients included. On CUDA, where no gradient is
+        anywhere, as in ``forward``). ``T`` steps equal ``forward`` over ``T`` steps (dropout
+        aside), gradients included. On CUDA, where no gradient is
         recorded (``torch.no_grad()``, or nothing requires grad), each layer is one launch of
         the decoding kernel, its input projection included, written into ``out=(out_t,
         new_states)`` where given (no allocation; ``new_states`` must not be ``states``)."""
