@@ -12,13 +12,14 @@ module's ``state_dict`` loads into the equivalent layer (``rename_torch_keys``).
 from __future__ import annotations
 
 import re
+import weakref
 from functools import cache
 from typing import Any
 
 import torch
 from torch import nn
 
-from rnncc.runtime.api import load_builtin
+from rnncc.runtime.api import CompiledCell, load_builtin
 from rnncc.runtime.module import RNN
 from rnncc.runtime.weights import CellWeights
 
@@ -80,10 +81,22 @@ def from_torch(module: nn.Module, *, backend: str = "auto") -> RNN:
     return layer
 
 
+#: Each cell's torch module (class, nonlinearity), or None: printing a cell to compare it
+#: with the built-ins takes tens of µs, and ``layer.weight_hh_l0`` asks on every access.
+_KIND_OF: weakref.WeakKeyDictionary[
+    CompiledCell, tuple[type[nn.LSTM | nn.GRU | nn.RNN], str | None] | None
+] = weakref.WeakKeyDictionary()
+
+
 def _torch_kind(layer: RNN) -> tuple[type[nn.LSTM | nn.GRU | nn.RNN], str | None]:
     """The torch module (class, nonlinearity) equal to ``layer``; ValueError if there is none."""
-    source = layer.cell.source()
-    found = next((key for key, name in BUILTIN_OF.items() if _builtin_source(name) == source), None)
+    cell = layer.cell
+    if cell not in _KIND_OF:
+        source = cell.source()
+        _KIND_OF[cell] = next(
+            (key for key, name in BUILTIN_OF.items() if _builtin_source(name) == source), None
+        )
+    found = _KIND_OF[cell]
     if found is None:
         raise ValueError(
             f"cell '{layer.cell.name}' is not a built-in cell of torch's modules "
