@@ -295,7 +295,7 @@ class RNN(nn.Module):
         lasts: list[torch.Tensor] = []
         # Under autocast the casts are _run's own (to ctype), not autocast's per op.
         device = x.device.type
-        off = torch.autocast(device, enabled=False) if torch.is_autocast_enabled(device) else None
+        off = torch.autocast(device, enabled=False) if _autocast_on(device) else None
         with off or contextlib.nullcontext():
             h = x
             for layer in range(self.num_layers):
@@ -588,7 +588,7 @@ class RNN(nn.Module):
         if p is not None and p.device != x.device:
             raise ValueError(f"x is on {x.device}, expected {p.device} like the layer's weights")
         dtype = x.dtype if p is None else p.dtype
-        if dtype == torch.float32 and torch.is_autocast_enabled(device := x.device.type):
+        if dtype == torch.float32 and _autocast_on(device := x.device.type):
             return torch.get_autocast_dtype(device)
         if x.dtype != dtype:
             raise ValueError(f"x has dtype {x.dtype}, expected {dtype} like the layer's weights")
@@ -664,6 +664,12 @@ class RNN(nn.Module):
         if self.sparsity is not None:
             parts.append(f"sparsity={self.sparsity}")
         return ", ".join(parts)
+
+
+def _autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``; False where torch has no autocast for it
+    (``meta``, whose ``is_autocast_enabled`` raises)."""
+    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
 
 
 def _is_density(x: object) -> bool:

@@ -470,6 +470,15 @@ def test_autocast_runs_the_cell_in_16_bit_with_fp32_master_weights() -> None:
     assert packed_out.data.dtype == torch.bfloat16
 
 
+def test_a_layer_on_the_meta_device_gives_shapes() -> None:
+    """Shape inference and deferred initialisation build models on ``meta``, where torch has
+    no autocast (its ``is_autocast_enabled("meta")`` raises): a call there gives the shapes."""
+    m = layer("lstm", num_layers=2, bidirectional=True, backend="reference", device="meta")
+    out, last = m(torch.empty(B, T, IN, device="meta"), lengths=[4, 2, 3])
+    assert out.device.type == last.device.type == "meta"
+    assert out.shape == (B, T, 2 * H) and last.shape == (2, 4, B, H)
+
+
 # ---- built-in cells ----------------------------------------------------------------------
 def test_builtin_cells_are_the_examples() -> None:
     """The built-in cells ship inside the package; the examples of the same name are the
