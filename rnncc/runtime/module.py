@@ -667,9 +667,10 @@ class RNN(nn.Module):
 
 
 def _autocast_on(device_type: str) -> bool:
-    """Whether autocast is on for ``device_type``; False where torch has no autocast for it
-    (``meta``, whose ``is_autocast_enabled`` raises)."""
-    return torch.amp.is_autocast_available(device_type) and torch.is_autocast_enabled(device_type)
+    """Whether autocast is on for ``device_type``; False on ``meta``, which has no autocast (its
+    ``is_autocast_enabled`` raises). Not ``torch.amp.is_autocast_available``: torch.compile
+    cannot trace it, and a ``fullgraph=True`` compile of a layer then fails."""
+    return device_type != "meta" and torch.is_autocast_enabled(device_type)
 
 
 def _is_density(x: object) -> bool:
