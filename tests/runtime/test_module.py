@@ -479,6 +479,30 @@ def test_a_layer_on_the_meta_device_gives_shapes() -> None:
     assert out.shape == (B, T, 2 * H) and last.shape == (2, 4, B, H)
 
 
+def test_torch_compile_of_a_layer() -> None:
+    """The layer's Python traces whole (``fullgraph=True``; the GPU suite runs the same on the
+    fused kernels, under the GPU machine's torch): outputs and gradients as eager. With
+    ``lengths=`` or packed input the lengths' values are read on the host, which breaks the
+    graph there, and the rest compiles."""
+    m = layer("lstm", num_layers=2, bidirectional=True, backend="reference")
+    x = torch.randn(B, T, IN)
+    packed = pack_padded_sequence(x, [4, 2, 3], True, enforce_sorted=False)
+    for inp, lengths, fullgraph in ((x, None, True), (packed, None, False), (x, [4, 2, 3], False)):
+        m.zero_grad()
+        out, last = m(inp, lengths=lengths)
+        data = out.data if inp is packed else out
+        (data.sum() + last.sum()).backward()
+        eager = [p.grad.clone() for p in m.parameters()]
+        m.zero_grad()
+        compiled = torch.compile(m, fullgraph=fullgraph, backend="eager")
+        out_c, last_c = compiled(inp, lengths=lengths)
+        data_c = out_c.data if inp is packed else out_c
+        (data_c.sum() + last_c.sum()).backward()
+        torch.testing.assert_close((data_c, last_c), (data, last), rtol=0, atol=0)
+        for p, g in zip(m.parameters(), eager, strict=True):
+            torch.testing.assert_close(p.grad, g)
+
+
 # ---- built-in cells ----------------------------------------------------------------------
 def test_builtin_cells_are_the_examples() -> None:
     """The built-in cells ship inside the package; the examples of the same name are the
