@@ -91,6 +91,12 @@ def entry_dir(root: Path, name: str, key: str) -> Path:
     return root / f"{name}-{key[:16]}"
 
 
+#: What :func:`entry_dir` names: anything else in the cache folder is not rnncc's (the folder
+#: may be one the user shares, such as ``~/.cache`` or ``$TMPDIR``) and is never listed,
+#: cleared or pruned.
+_ENTRY_NAME = re.compile(r".+-[0-9a-f]{16}")
+
+
 def lock_path(directory: Path) -> Path:
     return directory.with_name(f"{directory.name}.lock")
 
@@ -303,7 +309,7 @@ def list_entries(root: Path) -> list[Entry]:
     entries = []
     for name in names:
         directory = root / name
-        if name.endswith(".lock") or not directory.is_dir():
+        if not _ENTRY_NAME.fullmatch(name) or not directory.is_dir():
             continue
         manifest, damaged = None, False
         try:

@@ -137,6 +137,25 @@ def test_prune_removes_unfinished_then_least_recently_used(capsys, tmp_path, fak
     assert out.startswith("removed 0 entries (0 B)")
 
 
+def test_folders_that_are_not_entries_are_never_touched(capsys, tmp_path, fake_builds):
+    """RNNCC_CACHE_DIR may name a folder the user shares (``~/.cache``, ``$TMPDIR``): list,
+    clear and prune see only the folders rnncc names (``<name>-<16 hex digits>``)."""
+    lstm = _build(tmp_path, "rnncc_lstm_stepwise", 10)
+    theirs = [tmp_path / "pip", tmp_path / "huggingface" / "hub", tmp_path / "notes-2026"]
+    for folder in theirs:
+        folder.mkdir(parents=True)
+        (folder / "data.bin").write_bytes(b"\0" * 1000)
+    rc, out, err = _cli(capsys, tmp_path, "list")
+    assert (rc, err) == (0, "") and len(_table(out)) == 2 and "pip" not in out  # header, entry
+    rc, out, err = _cli(capsys, tmp_path, "prune", "--max-size", "0")
+    assert (rc, err) == (0, "") and out.startswith("removed 1 entry")
+    assert not lstm.exists()
+    _build(tmp_path, "rnncc_lstm_stepwise", 10)
+    rc, out, err = _cli(capsys, tmp_path, "clear")
+    assert (rc, err) == (0, "") and out.startswith("removed 1 entry")
+    assert all((folder / "data.bin").stat().st_size == 1000 for folder in theirs)
+
+
 def test_manifests_record_times_the_builds_give_them(tmp_path, fake_builds):
     _build(tmp_path, "lib", 10)
     (entry,) = cache.list_entries(tmp_path)
