@@ -35,11 +35,14 @@ def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[
 
 
 def read_source(path: str | Path) -> str:
-    """The text of a ``.rnn`` file (UTF-8; ``\\r\\n`` and ``\\r`` read as ``\\n``). Raises
-    ``SourceReadError`` (``path: cannot read: reason``) when it cannot be read; the CLI and
-    ``rnncc.load`` both read through here, so they say the same."""
+    """The text of a ``.rnn`` file (UTF-8, a leading byte-order mark dropped, as editors on
+    Windows write one; ``\\r\\n`` and ``\\r`` read as ``\\n``). Raises ``SourceReadError``
+    (``path: cannot read: reason``) when it cannot be read; the CLI and ``rnncc.load`` both
+    read through here, so they say the same."""
+    if str(path) == "":  # Path("") is the current folder: "Is a directory" would puzzle
+        raise SourceReadError("''", "the path is empty")
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return Path(path).read_text(encoding="utf-8-sig")
     except OSError as err:
         raise SourceReadError(str(path), err.strerror or str(err)) from None
     except UnicodeDecodeError as err:

@@ -58,6 +58,28 @@ def test_load_reads_crlf_files_as_the_cli_does(tmp_path, capsys):
     assert capsys.readouterr().out == f"{path}: ok (1 cell: f)\n"
 
 
+def test_an_empty_path_says_so(capsys):
+    message = "'': cannot read: the path is empty"  # not the current folder's "Is a directory"
+    for read in (rnncc.load, compile_file, read_source):
+        with pytest.raises(SourceReadError, match=f"^{message}$"):
+            read("")
+    assert main(["check", ""]) == 1
+    assert capsys.readouterr() == ("", f"rnncc: error: {message}\n")
+
+
+def test_a_byte_order_mark_is_dropped(tmp_path, capsys):
+    """Editors on Windows start UTF-8 files with U+FEFF; it is not part of the cell."""
+    path, plain = tmp_path / "bom.rnn", tmp_path / "plain.rnn"
+    wrong = b"cell 1f(h) {\n    h = tanh(h)\n}\n"  # an error on the mark's line
+    path.write_bytes(b"\xef\xbb\xbf" + wrong)
+    plain.write_bytes(wrong)
+    assert main(["check", str(path)]) == main(["check", str(plain)]) == 1
+    with_mark, without = capsys.readouterr().err.split(f"{plain}:")
+    assert with_mark.startswith(f"{path}:1:6: error:") and with_mark == f"{path}:" + without
+    path.write_bytes(b"\xef\xbb\xbfcell f(h) {\n    h = tanh(h)\n}\n")
+    assert rnncc.load(path).name == "f"
+
+
 def test_load_of_a_file_with_a_long_sum(tmp_path):
     path = tmp_path / "long.rnn"
     path.write_text("cell f(h) {\n    h = " + " + ".join(["h"] * 3000) + "\n}\n")
