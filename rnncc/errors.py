@@ -52,8 +52,15 @@ class Source:
 
 #: A diagnostic shows its source line as one line of the terminal, a column per character as
 #: the parser counts them: tabs and the characters other tools take for line breaks (form
-#: feed, U+2028, ...) print as a space, so that the caret stays under its column.
-_ONE_COLUMN = str.maketrans(dict.fromkeys("\t\v\f\r\x1c\x1d\x1e\x85\u2028\u2029", " "))
+#: feed, U+2028, ...) print as a space, so that the caret stays under its column; the other
+#: control characters as their pictures (ESC as U+241B), so that a file's escape sequences
+#: and backspaces do not drive the user's terminal.
+_ONE_COLUMN = str.maketrans(
+    {c: chr(0x2400 + c) for c in range(0x20)}
+    | {0x7F: "\u2421"}
+    | dict.fromkeys(range(0x80, 0xA0), "\ufffd")
+    | dict.fromkeys(map(ord, "\t\v\f\r\x1c\x1d\x1e\x85\u2028\u2029"), " ")
+)
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,12 @@ def check(diag: Diagnostic, src: str, line: int, col: int, *words: str) -> None:
     rendered = diag.render().splitlines()
     assert rendered[0].startswith(f"{PATH}:{line}:{col}: {diag.severity}: "), rendered[0]
     # The parser's lines: only '\n' ends one; what a terminal might take for a line break
-    # shows as a space, as tabs do.
+    # shows as a space, as tabs do, and other control characters as their pictures.
     text = src.split("\n")[line - 1].removesuffix("\r")
-    assert rendered[1] == "    " + re.sub(r"[\t\v\f\r\x1c-\x1e\x85\u2028\u2029]", " ", text)
+    text = re.sub(r"[\t\v\f\r\x1c-\x1e\x85\u2028\u2029]", " ", text)
+    text = re.sub(r"[\x00-\x1f]", lambda m: chr(0x2400 + ord(m[0])), text)
+    text = re.sub(r"[\x80-\x9f]", "\ufffd", text.replace("\x7f", "\u2421"))
+    assert rendered[1] == "    " + text
     caret = rendered[2]
     assert caret.index("^") == 4 + col - 1, diag.render()
     assert set(caret.strip()) <= {"^", "~"}
@@ -86,6 +89,16 @@ def test_unexpected_closing_paren():
 def test_unexpected_character():
     src = body("h = h $ 1")
     one_error(src, 2, 11, "unexpected character '$'", "expected")
+
+
+def test_control_characters_in_a_line_show_as_pictures():
+    """A file's escape sequences, backspaces or NUL reach the terminal only as visible
+    characters, one column each, so the caret stays under its column."""
+    src = body("h = h + \x1b[2J\x08\x00 \x7f\x9b # \x1b]0;title\x07")
+    err = one_error(src, 2, 13, "unexpected character '\\x1b'")
+    shown = err.render().splitlines()[1]
+    assert shown == "        h = h + \u241b[2J\u2408\u2400 \u2421\ufffd # \u241b]0;title\u2407"
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in err.render().replace("\n", ""))
 
 
 def test_unexpected_end_of_file_inside_parentheses():
