@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import os
 
-from rnncc.config import get_config
+from rnncc.config import ConfigError, get_config
 
 
 def dump(cell: str, stage: str, text: str) -> None:
-    """Write one stage's output when dumping is on; see the module docstring."""
+    """Write one stage's output when dumping is on; see the module docstring. A folder that
+    cannot be written raises ``ConfigError`` naming the variable."""
     directory = get_config().dump_dir
     if directory is None:
         return
-    directory.mkdir(parents=True, exist_ok=True)
     path = directory / f"{cell}.{stage}"
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as err:
+        reason = "not a folder" if isinstance(err, FileExistsError) else err.strerror or str(err)
+        raise ConfigError(
+            f"RNNCC_DUMP_DIR={str(directory)!r}: cannot write the stage dumps there ({reason})"
+        ) from None

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import rnncc
-from rnncc.config import override
+from rnncc.cli import main
+from rnncc.config import ConfigError, override
 from rnncc.runtime.kernels import build_kernels
 from rnncc.tiling import Problem
 from rnncc.variants import BY_NAME
@@ -41,3 +44,16 @@ def test_nothing_is_dumped_by_default(tmp_path, monkeypatch):
     with override(dump_dir=None):
         rnncc.load(ROOT / "examples" / "gru.rnn")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_dump_dir_that_is_a_file_is_one_clear_error(tmp_path, capsys, monkeypatch):
+    file = tmp_path / "notes.txt"
+    file.write_text("mine")
+    message = f"RNNCC_DUMP_DIR={str(file)!r}: cannot write the stage dumps there (not a folder)"
+    with override(dump_dir=file), pytest.raises(ConfigError) as info:
+        rnncc.load(ROOT / "examples" / "gru.rnn")
+    assert str(info.value) == message
+    monkeypatch.setenv("RNNCC_DUMP_DIR", str(file))
+    assert main(["check", str(ROOT / "examples" / "gru.rnn")]) == 1
+    assert capsys.readouterr() == ("", f"rnncc: error: {message}\n")
+    assert file.read_text() == "mine"
