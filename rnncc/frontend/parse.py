@@ -11,6 +11,7 @@ The parser is built on first use and cached; importing this module does no work.
 
 from __future__ import annotations
 
+import difflib
 import functools
 import re
 from collections.abc import Iterator
@@ -203,6 +204,23 @@ def _describe_token(tok: Token) -> str:
     return f"'{tok}'"
 
 
+#: The keywords that start a statement, and the note for a first word that is none of them.
+_STATEMENTS = ("gates", "input", "recurrent", "param", "const", "output")
+_STATEMENT_NOTE = (
+    "a statement is 'name = expression' or starts with "
+    + ", ".join(_STATEMENTS[:-1])
+    + f" or {_STATEMENTS[-1]}",
+)
+
+
+def _statement_word(tok: Token, err: UnexpectedToken, source: Source) -> re.Match[str] | None:
+    """The first word of ``tok``'s line where ``tok`` is a name that follows it alone, where
+    the parser wanted '=' (that word as an assignment's target): a misspelt keyword."""
+    if tok.type != "NAME" or "EQUAL" not in err.expected:
+        return None
+    return re.search(r"(?:^|[;{])\s*(\w+)\s+$", source.line(tok.line)[: tok.column - 1])
+
+
 def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(err, UnexpectedToken):
         tok = err.token
@@ -224,6 +242,14 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
             msg = f"'{before[1]}' is a reserved word and cannot be used as a name"
         elif str(tok) in KEYWORDS and "NAME" in err.expected:
             msg = f"'{tok}' is a reserved word and cannot be used as a name"
+        elif (word := _statement_word(tok, err, source)) is not None:
+            # `gate a = W x`: a name where '=' must follow the line's first word, which is
+            # then no keyword; say so at that word rather than "expected '='" at the next.
+            span = Span(tok.line, word.start(1) + 1, tok.line, word.end(1) + 1)
+            msg = f"unknown statement '{word[1]}'"
+            close = difflib.get_close_matches(word[1].lower(), _STATEMENTS, n=1, cutoff=0.6)
+            notes = (f"did you mean '{close[0]}'?",) if close else _STATEMENT_NOTE
+            return Diagnostic("error", msg, span, source, notes)
         else:
             msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(expected or set(err.expected))}"
         return Diagnostic("error", msg, span, source)

@@ -91,6 +91,23 @@ def test_unexpected_character():
     one_error(src, 2, 11, "unexpected character '$'", "expected")
 
 
+@pytest.mark.parametrize(
+    "line, col, word, note",
+    [
+        ("gate a = W x + R h + b", 5, "gate", "did you mean 'gates'?"),
+        ("Gates a = W x + R h + b", 5, "Gates", "did you mean 'gates'?"),
+        ("inputs a, c = W x", 5, "inputs", "did you mean 'input'?"),
+        ("h = h; outputs h", 12, "outputs", "did you mean 'output'?"),
+        ("let a = h", 5, "let", "a statement is 'name = expression' or starts with gates,"),
+    ],
+)
+def test_a_misspelt_statement_keyword_is_named(line, col, word, note):
+    """A first word that is no keyword, followed by a name: the error is that word, not the
+    '=' the parser wanted after it."""
+    err = one_error(body(line, "h = tanh(h)"), 2, col, f"unknown statement '{word}'")
+    assert err.span.end_col == col + len(word) and err.notes[0].startswith(note)
+
+
 def test_control_characters_in_a_line_show_as_pictures():
     """A file's escape sequences, backspaces or NUL reach the terminal only as visible
     characters, one column each, so the caret stays under its column."""
