@@ -216,7 +216,7 @@ _STATEMENT_NOTE = (
 def _statement_word(tok: Token, err: UnexpectedToken, source: Source) -> re.Match[str] | None:
     """The first word of ``tok``'s line where ``tok`` is a name that follows it alone, where
     the parser wanted '=' (that word as an assignment's target): a misspelt keyword."""
-    if tok.type != "NAME" or "EQUAL" not in err.expected:
+    if tok.type != "NAME" or "EQUAL" not in err.expected or tok.line is None or tok.column is None:
         return None
     return re.search(r"(?:^|[;{])\s*(\w+)\s+$", source.line(tok.line)[: tok.column - 1])
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
@@ -697,6 +698,13 @@ def _load(text: str, cell: str | None, path: str, stacklevel: int) -> CompiledCe
 
 def loads(text: str, cell: str | None = None, *, path: str = "<string>") -> CompiledCell:
     """Compile the cell in ``text`` (or the one named ``cell``); raises ``DslError``."""
+    if not isinstance(text, str):  # bytes would fail deep in the lexer
+        what = type(text).__name__
+        if isinstance(text, bytes | bytearray):
+            what += " (decode them first)"
+        elif isinstance(text, os.PathLike):
+            what += " (rnncc.load reads a file)"
+        raise TypeError(f"rnncc.loads takes the cell's source as str, got {what}")
     return _load(text, cell, path, stacklevel=2)
 
 

@@ -67,6 +67,18 @@ def test_loads_equals_load() -> None:
     assert rnncc.loads(text).ir.source.path == "<string>"
 
 
+def test_loads_takes_text_only() -> None:
+    data = (EXAMPLES / "gru.rnn").read_bytes()
+    with pytest.raises(
+        TypeError,
+        match=r"^rnncc.loads takes the cell.s source as str, got bytes \(decode them first\)$",
+    ):
+        rnncc.loads(data)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"got PosixPath \(rnncc.load reads a file\)$"):
+        rnncc.loads(EXAMPLES / "gru.rnn")  # type: ignore[arg-type]
+    assert rnncc.loads(data.decode()).name == "gru"
+
+
 def test_load_selects_a_cell(two: Path) -> None:
     assert rnncc.load(two, cell="indrnn").name == "indrnn"
     assert rnncc.load(two, cell="elman").name == "elman"
