@@ -20,6 +20,7 @@ import json
 import keyword
 import os
 import stat
+import unicodedata
 from collections.abc import Mapping, Sequence
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -81,12 +82,19 @@ def write_package(
     ``plan.json``) to their text. Raises ``RnnccError`` before writing anything when the
     folder is not one rnncc may write into."""
     out = Path(out)
-    if not out.name.isidentifier() or keyword.iskeyword(out.name):
+    name = Path(os.path.abspath(out)).name  # `-o .` names the current folder
+    if not name.isidentifier() or keyword.iskeyword(name):
         raise RnnccError(
             f"{out}: a package folder needs a Python identifier as its name "
-            f"(its import name), not {out.name!r}"
+            f"(its import name), not {name!r}"
         )
-    files = package_files(cell, out.name, plan or {}, builds)
+    if unicodedata.normalize("NFKC", name) != name:  # what `import` looks for on disk
+        raise RnnccError(
+            f"{out}: Python imports the name {name!r} as "
+            f"{unicodedata.normalize('NFKC', name)!r}, so it would not find this folder; "
+            "name it that way"
+        )
+    files = package_files(cell, name, plan or {}, builds)
     for rel in files:
         if not _is_inside(rel):
             raise RnnccError(f"cell '{cell.name}': {rel!r} is not a file name inside a package")

@@ -380,17 +380,43 @@ def test_output_that_is_a_file_is_refused(tmp_path: Path) -> None:
     assert (tmp_path / "pkg").read_text() == "mine"
 
 
-@pytest.mark.parametrize("name", ["my-pkg", "1st", "class", "."])
+@pytest.mark.parametrize("name", ["my-pkg", "1st", "class", "my-dir/."])
 def test_write_package_needs_an_identifier(tmp_path: Path, monkeypatch, name: str) -> None:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "my-dir").mkdir()
     out = Path(name)
     with pytest.raises(rnncc.RnnccError) as err:
         write_package(compile_one(REPO / "examples/lstm.rnn"), out)
     assert str(err.value) == (
         f"{out}: a package folder needs a Python identifier as its name (its import name), "
-        f"not {out.name!r}"
+        f"not {Path(os.path.abspath(out)).name!r}"
+    )
+    assert sorted(p.name for p in tmp_path.rglob("*")) == ["my-dir"]
+
+
+def test_write_package_refuses_a_name_import_would_change(tmp_path: Path) -> None:
+    """Python normalises identifiers (NFKC): ``import ﬁle`` (a ligature) looks for ``file``."""
+    out = tmp_path / "\ufb01le"
+    with pytest.raises(rnncc.RnnccError) as err:
+        write_package(compile_one(REPO / "examples/lstm.rnn"), out)
+    assert str(err.value) == (
+        f"{out}: Python imports the name '\ufb01le' as 'file', so it would not find this "
+        "folder; name it that way"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_write_package_into_the_current_folder(tmp_path: Path, monkeypatch) -> None:
+    """``-o .`` names the package after the folder it is run in, as ``-o ../mypkg`` does."""
+    folder = tmp_path / "rnncc_here_pkg"
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    assert main(["compile", str(REPO / "examples/gru.rnn"), "-o", "."]) == 0
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert importlib.import_module(folder.name).cell.name == "gru"
+    finally:
+        sys.modules.pop(folder.name, None)
 
 
 def test_load_package_refuses_an_unknown_format(tmp_path: Path) -> None:
