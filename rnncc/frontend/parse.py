@@ -221,6 +221,21 @@ def _statement_word(tok: Token, err: UnexpectedToken, source: Source) -> re.Matc
     return re.search(r"(?:^|[;{])\s*(\w+)\s+$", source.line(tok.line)[: tok.column - 1])
 
 
+def _is_header(tok: Token, source: Source) -> bool:
+    """Whether the ``cell`` token ``tok`` starts a cell header (``cell name(``)."""
+    rest = source.line(tok.line or 1)[(tok.column or 1) - 1 :]
+    return re.match(r"cell\s+\w+\s*\(", rest) is not None
+
+
+def _open_cell(source: Source, line: int) -> tuple[str, int] | None:
+    """The name and line of the last cell header before ``line``."""
+    for n in range(line - 1, 0, -1):
+        header = re.match(r"\s*cell\s+(\w+)", source.line(n))
+        if header:
+            return header[1], n
+    return None
+
+
 def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(err, UnexpectedToken):
         tok = err.token
@@ -240,6 +255,15 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
         if tok == "=" and "NAME" in err.expected and before and before[1] in KEYWORDS:
             span = Span(tok.line, before.start(1) + 1, tok.line, before.end(1) + 1)
             msg = f"'{before[1]}' is a reserved word and cannot be used as a name"
+        elif tok.type == "CELL" and "RBRACE" in err.expected and _is_header(tok, source):
+            # a cell's closing brace forgotten: the next cell's header comes where a statement
+            # or '}' may; say which cell is open, not that 'cell' cannot be a name
+            msg = "unexpected 'cell'; expected '}'"
+            opened = _open_cell(source, tok.line or 1)
+            notes = (
+                (f"cell '{opened[0]}' opened at line {opened[1]} is not closed",) if opened else ()
+            )
+            return Diagnostic("error", msg, span, source, notes)
         elif str(tok) in KEYWORDS and "NAME" in err.expected:
             msg = f"'{tok}' is a reserved word and cannot be used as a name"
         elif (word := _statement_word(tok, err, source)) is not None:

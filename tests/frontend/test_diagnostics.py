@@ -91,6 +91,13 @@ def test_unexpected_character():
     one_error(src, 2, 11, "unexpected character '$'", "expected")
 
 
+@pytest.mark.parametrize("gap", ["\n", ""])
+def test_a_missing_closing_brace_names_the_open_cell(gap):
+    src = "cell e(h) {\n    h = tanh(h)\n" + gap + "cell f(h) {\n    h = h\n}\n"
+    err = one_error(src, 3 + len(gap), 1, "unexpected 'cell'; expected '}'")
+    assert err.notes == ("cell 'e' opened at line 1 is not closed",)
+
+
 @pytest.mark.parametrize(
     "line, col, word, note",
     [
