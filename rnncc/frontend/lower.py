@@ -71,10 +71,21 @@ class _CellLowering:
         self.consts: list[Const] = []
         self.recurrent: tuple[str, Span] | None = None
         self.outputs: tuple[str, ...] | None = None
-        self.bound_at: dict[str, Span] = {}  # name -> where an assignment first binds it
+        # name -> where a statement first binds it (an assignment, or a gate, param or const
+        # declared), for "bound later" notes; names read before that, whose "never used"
+        # warning would contradict the error
+        self.bound_at: dict[str, Span] = {}
+        self.read_early: set[str] = set()
         for stmt in cell.body:
+            idents: tuple[ast.Ident, ...] = ()
             if isinstance(stmt, ast.Assign):
-                self.bound_at.setdefault(stmt.target.name, stmt.target.span)
+                idents = (stmt.target,)
+            elif isinstance(stmt, ast.Projection):
+                idents = stmt.names
+            elif isinstance(stmt, ast.ParamDecl | ast.ConstDecl):
+                idents = tuple(item.name for item in stmt.items)
+            for ident in idents:
+                self.bound_at.setdefault(ident.name, ident.span)
 
     # ---- diagnostics ---------------------------------------------------------------------
     def error(self, span: Span | None, message: str, *notes: str) -> None:
@@ -146,7 +157,11 @@ class _CellLowering:
                     "every state must be assigned exactly once per step",
                 )
         for name, decl in self.decls.items():
-            if not decl.used and decl.kind in ("gate", "param", "temporary"):
+            if (
+                not decl.used
+                and decl.kind in ("gate", "param", "temporary")
+                and name not in self.read_early
+            ):
                 self.warning(decl.span, f"{decl.kind} '{name}' is never used")
 
         if any(d.severity == "error" for d in self.diags):
@@ -386,8 +401,9 @@ class _CellLowering:
             visible = [n for n in self.env if n not in RESERVED_NAMES]
             notes = _did_you_mean(name, visible)
             later = self.bound_at.get(name)
-            if later is not None:
+            if later is not None and (later.line, later.col) > (ident.span.line, ident.span.col):
                 notes += (f"'{name}' is bound later, at {self.at(later)}",)
+                self.read_early.add(name)
             self.error(ident.span, f"unknown name '{name}'", *notes)
             return None
         decl.used = True

@@ -205,6 +205,15 @@ def test_name_bound_later_gets_a_note():
     assert rendered[3] == f"note: 'a' is bound later, at {PATH}:3:5"
 
 
+@pytest.mark.parametrize("later, col", [("param p", 11), ("const p = 2", 11), ("param q, p", 14)])
+def test_a_param_or_const_declared_later_gets_the_note_and_no_warning(later, col):
+    """Read before its declaration: one error with the note, not also "never used"."""
+    got = [d for d in diagnostics(body("h = h * p", later)) if "'p'" in d.message]
+    assert [d.severity for d in got] == ["error"], "\n".join(d.render() for d in got)
+    check(got[0], body("h = h * p", later), 2, 13, "unknown name 'p'")
+    assert got[0].notes == (f"'p' is bound later, at {PATH}:3:{col}",)
+
+
 def test_unknown_function_did_you_mean_sigmoid():
     src = body("h = sigmod(h)")
     err = one_error(src, 2, 9, "unknown function 'sigmod'")
