@@ -18,6 +18,8 @@ User errors print compiler-style diagnostics to stderr and exit 1, never a trace
 from __future__ import annotations
 
 import argparse
+import errno
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -458,6 +460,16 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `rnncc show f.rnn | head -1`: the reader has gone
+        # Python's own exit flush would report the pipe again (its documented remedy)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except OSError as err:
+        if err.errno not in (errno.ENOSPC, errno.EDQUOT):  # not the user's full disk: a bug
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"rnncc: error: {where}cannot write: {err.strerror}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

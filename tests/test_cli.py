@@ -141,6 +141,44 @@ def test_check_bad_file_subprocess_prints_no_traceback(bad: Path, tmp_path: Path
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_output_to_a_full_disk_is_one_line(tmp_path: Path) -> None:
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rnncc", "show", str(REPO / "examples/gru.rnn")],
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=tmp_path,
+        )
+    assert (proc.returncode, proc.stderr) == (
+        1,
+        "rnncc: error: cannot write: No space left on device\n",
+    )
+
+
+def test_output_into_a_closed_pipe_is_quiet(capsys, monkeypatch) -> None:
+    """`rnncc show ... | head -1`: the reader leaves early; no traceback, no message, and the
+    output's descriptor points at /dev/null so that Python's exit flush stays quiet too."""
+    read, write = os.pipe()
+    os.close(read)
+
+    class Closed:
+        def write(self, text: str) -> int:
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def fileno(self) -> int:
+            return write
+
+    monkeypatch.setattr(sys, "stdout", Closed())
+    try:
+        assert main(["show", str(REPO / "examples/gru.rnn")]) == 1
+        assert os.write(write, b"x") == 1  # /dev/null now, not the closed pipe
+    finally:
+        os.close(write)
+    assert capsys.readouterr().err == ""
+
+
 def test_missing_file(capsys, tmp_path: Path) -> None:
     missing = tmp_path / "missing.rnn"
     rc, out, err = run(capsys, "check", missing)
