@@ -291,17 +291,32 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
 
 
 def _blank_line(text: str, line: int) -> str | None:
+    """``text`` with the statement on ``line`` blanked (every line it spans, where parentheses
+    carry it over several), so that the parser can go on to the next error; None where that
+    would blank a cell's header or braces (the search ends there)."""
     lines = text.split("\n")
     if not 0 < line <= len(lines):
         return None
-    content = lines[line - 1]
-    if (
-        re.search(r"[{}]", content)
-        or re.match(r"\s*cell\b(?!\s*=)", content)
-        or not content.strip()
-    ):
+    depth, starts = 0, []  # the parentheses open at each line's start
+    for content in lines:
+        starts.append(depth)
+        code = content.split("#", 1)[0]
+        depth = max(0, depth + code.count("(") - code.count(")"))
+    starts.append(depth)
+    first = line
+    while first > 1 and starts[first - 1] > 0:
+        first -= 1
+    last = line
+    while last < len(lines) and starts[last] > 0:
+        last += 1
+    for n in range(first, last + 1):
+        content = lines[n - 1]
+        if re.search(r"[{}]", content) or re.match(r"\s*cell\b(?!\s*=)", content):
+            return None
+    if not any(lines[n - 1].strip() for n in range(first, last + 1)):
         return None
-    lines[line - 1] = " " * len(content)
+    for n in range(first, last + 1):
+        lines[n - 1] = " " * len(lines[n - 1])
     return "\n".join(lines)
 
 
@@ -317,9 +332,12 @@ def parse(source: Source) -> ast.Module:
             diag = _syntax_diagnostic(err, source)
             diagnostics.append(diag)
             assert diag.span is not None
-            # Blanking a line cannot supply what a file that ends too early lacks.
-            at_end = isinstance(err, UnexpectedToken) and err.token.type == "$END"
-            blanked = None if at_end else _blank_line(text, diag.span.line)
+            # Blanking a line cannot supply what a file that ends too early lacks, nor a cell
+            # header's missing '{' (every line after it would be reported again).
+            ends = isinstance(err, UnexpectedToken) and (
+                err.token.type == "$END" or set(err.expected) <= {"LBRACE", "_SEP"}
+            )
+            blanked = None if ends else _blank_line(text, diag.span.line)
             if blanked is None or len(diagnostics) >= MAX_SYNTAX_ERRORS:
                 raise DslSyntaxError(diagnostics) from None
             text = blanked

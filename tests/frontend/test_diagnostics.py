@@ -172,6 +172,26 @@ def test_several_syntax_errors_are_all_reported_in_order():
         check(e, src, e.span.line, e.span.col)
 
 
+def test_an_error_inside_parentheses_over_several_lines_invents_no_more():
+    """The search goes on past the whole statement, not past its one line (which would leave
+    its '(' open and report every later line)."""
+    src = body(
+        "c = (sigmoid(f) * c",
+        "     + (1 - sigmoid(f)) * * tanh(z))",
+        "q = 1 +",
+        "h = sigmoid(o) * tanh(c)",
+        states="h, c",
+    )
+    errs = errors(src)
+    assert [(e.span.line, e.span.col) for e in errs] == [(3, 31), (4, 12)]
+    assert "unexpected '*'" in errs[0].message and "unexpected end of line" in errs[1].message
+
+
+def test_a_header_without_its_brace_is_one_error():
+    src = "cell e(h)\n    gates a = W x + R h + b\n    h = tanh(a)\n}\n"
+    one_error(src, 2, 5, "unexpected 'gates'; expected '{'")
+
+
 def test_syntax_errors_in_two_cells_are_both_reported():
     src = body("h = h +") + "cell g(c) {\n    c = ) \n}\n"
     errs = errors(src)
