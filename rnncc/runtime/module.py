@@ -65,6 +65,14 @@ class RNN(nn.Module):
         super().__init__()
         if not isinstance(cell, CompiledCell):
             cell = load(cell)
+        for name, size, least in (
+            ("input_size", input_size, 0),
+            ("hidden_size", hidden_size, 1),
+            ("num_heads", num_heads, 1),
+        ):
+            if isinstance(size, bool) or not isinstance(size, int) or size < least:
+                what = "a positive" if least else "a non-negative"
+                raise ValueError(f"{name} must be {what} int, got {size!r}")
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
         if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:

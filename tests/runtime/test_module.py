@@ -422,6 +422,17 @@ def test_wrong_states_lengths_and_packed_input() -> None:
 
 def test_bad_options() -> None:
     _raises("num_layers must be a positive int, got 0", layer, "lstm", num_layers=0)
+    for name, value, what in (
+        ("hidden_size", 0, "a positive"),
+        ("hidden_size", 4.0, "a positive"),
+        ("num_heads", 0, "a positive"),
+        ("input_size", -1, "a non-negative"),
+        ("input_size", True, "a non-negative"),
+    ):
+        kwargs = {"input_size": IN, "hidden_size": H, "num_heads": 1, name: value}
+        with pytest.raises(ValueError) as err:
+            rnncc.RNN(rnncc.load(EXAMPLES / "lstm.rnn"), **kwargs)
+        assert str(err.value) == f"{name} must be {what} int, got {value!r}"
     _raises("dropout must be in [0, 1], got 1.5", layer, "lstm", num_layers=2, dropout=1.5)
     with pytest.warns(UserWarning, match="num_layers=1 has none"):
         layer("lstm", dropout=0.5)
