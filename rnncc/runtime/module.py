@@ -295,6 +295,8 @@ class RNN(nn.Module):
         elif lengths is not None:
             if not isinstance(lengths, torch.Tensor):
                 lengths = torch.as_tensor(lengths)
+                if not lengths.numel():  # `[]` for an empty batch: as_tensor makes it float
+                    lengths = lengths.long()
             # Kept on the CPU: each direction's cell call checks them there and copies them
             # to the GPU without a synchronisation.
             rows = validate_lengths(lengths, B, T, torch.device("cpu"))
@@ -630,10 +632,20 @@ class RNN(nn.Module):
                         else ", ".join(type(s).__name__ for s in states)
                     )
                 )
-            for name, s in zip(names, states, strict=True):
+            for i, (name, s) in enumerate(zip(names, states, strict=True)):
                 if tuple(s.shape) != (K, B, H):
                     raise ValueError(
-                        f"states[{names.index(name)}] ({name}) has shape {_shape(s)}, expected {one()}"
+                        f"states[{i}] ({name}) has shape {_shape(s)}, expected {one()}"
+                    )
+                # each checked, as stacking would promote a dtype or raise without the name
+                if s.device != x.device:
+                    raise ValueError(
+                        f"states[{i}] ({name}) is on {s.device}, expected {x.device} like x"
+                    )
+                if s.dtype != states[0].dtype:
+                    raise ValueError(
+                        f"states[{i}] ({name}) has dtype {s.dtype}, expected {states[0].dtype} "
+                        f"like states[0] ({names[0]})"
                     )
             states = torch.stack(list(states))
         elif not isinstance(states, torch.Tensor):

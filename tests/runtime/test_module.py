@@ -382,6 +382,18 @@ def test_wrong_states_lengths_and_packed_input() -> None:
         (torch.zeros(4, B, H), torch.zeros(4, 2, H)),
     )
     _raises(
+        "states[1] (c) is on meta, expected cpu like x",
+        m,
+        x,
+        (torch.zeros(4, B, H), torch.zeros(4, B, H, device="meta")),
+    )
+    _raises(
+        "states[1] (c) has dtype torch.float64, expected torch.float32 like states[0] (h)",
+        m,
+        x,
+        (torch.zeros(4, B, H), torch.zeros(4, B, H, dtype=torch.float64)),
+    )
+    _raises(
         "states has dtype torch.float64, expected torch.float32 like the layer's weights",
         m,
         x,
@@ -406,6 +418,8 @@ def test_wrong_states_lengths_and_packed_input() -> None:
         lengths=torch.tensor([1, 2, 5]),
     )
     packed = pack_padded_sequence(x, [4, 1, 2], True, enforce_sorted=False)
+    empty, _ = m(torch.randn(0, T, IN), lengths=[])  # `[]` is no float tensor here
+    assert empty.shape == (0, T, 2 * H)
     _raises(
         "lengths= is for padded tensors; a PackedSequence carries its own lengths",
         m,
