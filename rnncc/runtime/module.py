@@ -234,6 +234,15 @@ class RNN(nn.Module):
                 raise
             return found
 
+    def __setattr__(self, name: str, value: Any) -> None:
+        # weight_hh_l0 and its kin are views: an attribute of that name would shadow the view
+        # and leave the weights the layer runs as they were (torch would replace them)
+        if name.startswith(("weight_", "bias_")):
+            from rnncc.runtime.torch_compat import refuse_torch_weight_assignment
+
+            refuse_torch_weight_assignment(self, name)
+        super().__setattr__(name, value)
+
     def _load_from_state_dict(
         self,
         state_dict: dict[str, Any],

@@ -209,6 +209,21 @@ def torch_weight(layer: RNN, name: str) -> torch.Tensor | None:
     return found.view(-1) if m.group(2) == "bias" else found.view(-1, found.shape[-1])
 
 
+def refuse_torch_weight_assignment(layer: RNN, name: str) -> None:
+    """A ``TypeError`` for ``layer.weight_hh_l0 = ...`` (any of torch's weight names): they
+    are views of the layer's own parameters, so setting one would only shadow it."""
+    m = _TORCH_WEIGHT.fullmatch(name)
+    if m is None:
+        return
+    k = int(m.group(4)) * layer.num_directions + bool(m.group(5))
+    ours = next(o for o, t in _TORCH_NAMES if t == m.group(1))
+    raise TypeError(
+        f"cannot assign {name}: on rnncc.RNN it is a view of the parameter weights.{k}.{ours} "
+        f"in torch's shape; write its values in place (with torch.no_grad(): "
+        f"layer.{name}.copy_(value)) or assign layer.weights[{k}].{ours}"
+    )
+
+
 def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
     """``module``'s parameter ``name`` (dotted), or None where it has none."""
     try:
@@ -218,20 +233,29 @@ def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
 
 
 def _copy(layer: RNN, module: nn.RNNBase, *, to_torch: bool) -> None:
-    """Copy every weight between ``layer`` and ``module``, in the direction ``to_torch`` says."""
+    """Copy every weight between ``layer`` and ``module``, in the direction ``to_torch`` says,
+    with its ``requires_grad`` (a frozen weight stays frozen)."""
     with torch.no_grad():
         for w, sfx in zip(layer.weights, _suffixes(layer), strict=True):
             assert isinstance(w, CellWeights) and w.input_proj is not None and w.R is not None
             # to torch, R as the layer runs it (a pruned R's dropped entries zero)
             R = w.masked_R() if to_torch else w.R
             assert R is not None
-            pairs = [(w.input_proj.weight, f"weight_ih{sfx}"), (R, f"weight_hh{sfx}")]
+            pairs = [
+                (w.input_proj.weight, w.input_proj.weight, f"weight_ih{sfx}"),
+                (w.R, R, f"weight_hh{sfx}"),
+            ]
             if layer.bias:
                 assert w.input_proj.bias is not None and w.b is not None
-                pairs += [(w.input_proj.bias, f"bias_ih{sfx}"), (w.b, f"bias_hh{sfx}")]
-            for ours, theirs_name in pairs:
+                pairs += [
+                    (w.input_proj.bias, w.input_proj.bias, f"bias_ih{sfx}"),
+                    (w.b, w.b, f"bias_hh{sfx}"),
+                ]
+            for param, ours, theirs_name in pairs:
                 theirs = getattr(module, theirs_name)
                 if to_torch:
                     theirs.copy_(ours.reshape(theirs.shape))
+                    theirs.requires_grad_(param.requires_grad)
                 else:
                     ours.copy_(theirs.reshape(ours.shape))
+                    param.requires_grad_(theirs.requires_grad)

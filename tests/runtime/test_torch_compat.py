@@ -245,6 +245,38 @@ def test_torch_weight_names_are_views_of_the_layers_weights(kind):
         _ = rnncc.RNN(rnncc.load_builtin("lstm"), I, 4, num_heads=2).weight_hh_l0
 
 
+def test_assigning_a_torch_weight_name_says_what_to_do():
+    """Weight-drop code sets ``module.weight_hh_l0 = w`` on torch; here that would only
+    shadow the view and leave the weights the layer runs unchanged."""
+    ours = rnncc.RNN.from_torch(_torch_module("lstm", num_layers=2, bidirectional=True))
+    before = ours.weights[3].R.detach().clone()
+    for value in (torch.zeros(4 * H, H), nn.Parameter(torch.zeros(4 * H, H))):
+        with pytest.raises(TypeError) as err:
+            ours.weight_hh_l1_reverse = value
+        assert str(err.value) == (
+            "cannot assign weight_hh_l1_reverse: on rnncc.RNN it is a view of the parameter "
+            "weights.3.R in torch's shape; write its values in place (with torch.no_grad(): "
+            "layer.weight_hh_l1_reverse.copy_(value)) or assign layer.weights[3].R"
+        )
+    assert torch.equal(ours.weights[3].R, before) and "weight_hh_l1_reverse" not in vars(ours)
+    ours.weight_decay = 0.1  # other names are ordinary attributes
+    assert ours.weight_decay == 0.1
+
+
+def test_frozen_weights_stay_frozen_both_ways():
+    module = _torch_module("lstm", num_layers=2)
+    module.weight_hh_l0.requires_grad_(False)
+    module.bias_ih_l1.requires_grad_(False)
+    ours = rnncc.RNN.from_torch(module)
+    frozen = {n for n, p in ours.named_parameters() if not p.requires_grad}
+    assert frozen == {"weights.0.R", "weights.1.input_proj.bias"}
+    back = ours.to_torch()
+    assert {n for n, p in back.named_parameters() if not p.requires_grad} == {
+        "weight_hh_l0",
+        "bias_ih_l1",
+    }
+
+
 def test_from_torch_refuses_what_has_no_counterpart():
     with pytest.raises(ValueError, match=r"^LSTM with proj_size=2 has no rnncc counterpart"):
         rnncc.RNN.from_torch(nn.LSTM(I, 4, proj_size=2))
