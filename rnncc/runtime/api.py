@@ -330,10 +330,7 @@ class CompiledCell:
             self.last_backend, self.last_plan = "decode", None
             return y, new
         if out is not None:
-            raise ValueError(
-                "out= is for steps that record no gradient on a CUDA device (the decoding "
-                "kernel): call step under torch.no_grad()"
-            )
+            raise no_out(backend, Wx_t.device, Wx_t.dtype)
         y, last = self(Wx_t.unsqueeze(1), R, b, states, params, backend)
         return y[:, :, 0], last
 
@@ -630,6 +627,20 @@ def decodes(
     return not torch.is_grad_enabled() or not any(
         t is not None and t.requires_grad for t in inputs()
     )
+
+
+def no_out(backend: str, device: torch.device, dtype: torch.dtype) -> ValueError:
+    """The error for ``out=`` on a step that does not run the decoding kernel, saying which
+    of :func:`decodes`' conditions failed."""
+    if backend == "reference" or device.type != "cuda":
+        why = f"the step runs on {device} with backend={backend!r}; it is a CUDA kernel"
+    elif dtype not in _CUDA_DTYPES:
+        why = f"it has no {dtype} build"
+    elif torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
+        why = "torch.compile and dispatch modes trace the step's differentiable ops instead"
+    else:
+        why = "this step records gradients: call step under torch.no_grad()"
+    return ValueError(f"out= is for steps that run the decoding kernel, and {why}")
 
 
 def check_out(

@@ -25,7 +25,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from rnncc.runtime.api import CompiledCell, check_out, decodes, load, refuse_torch_func
+from rnncc.runtime.api import CompiledCell, check_out, decodes, load, no_out, refuse_torch_func
 from rnncc.runtime.packing import packed_like, packed_rows, padded
 from rnncc.runtime.sparsity import magnitude_mask, validate_mask
 from rnncc.runtime.validate import CheckedLengths, Sizes, _shape, validate_lengths
@@ -413,10 +413,7 @@ class RNN(nn.Module):
         if decodes(self.backend, x_t.device, ctype, lambda: self._inputs(x_t, states)):
             return self._decode(x_t, states, out, ctype)
         if out is not None:
-            raise ValueError(
-                "out= is for steps that record no gradient on a CUDA device (the decoding "
-                "kernel): call step under torch.no_grad()"
-            )
+            raise no_out(self.backend, x_t.device, ctype)
         x = x_t.unsqueeze(1 if self.batch_first else 0)
         y, last = self.forward(x, states)
         assert isinstance(y, torch.Tensor)

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import rnncc
-from rnncc.runtime.api import CompiledCell
+from rnncc.runtime.api import CompiledCell, no_out
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -659,8 +659,20 @@ def test_step_out_needs_the_decoding_kernel() -> None:
     cell = rnncc.load(Path(__file__).resolve().parents[2] / "examples" / "lstm.rnn")
     Wx, s = torch.zeros(2, 4, 1, 3), torch.zeros(2, 2, 1, 3)
     R, b = torch.zeros(4, 1, 3, 3), torch.zeros(4, 1, 3)
-    with pytest.raises(ValueError, match="out= is for steps that record no gradient"):
+    with pytest.raises(
+        ValueError,
+        match=r"^out= is for steps that run the decoding kernel, and the step runs on cpu",
+    ):
         cell.step(Wx, R, b, s, out=(torch.empty(1, 2, 1, 3), torch.empty(2, 2, 1, 3)))
+    # each reason the decoding kernel does not run, as the message says it
+    cuda = torch.device("cuda")
+    assert str(no_out("fused", cuda, torch.float64)).endswith("it has no torch.float64 build")
+    assert str(no_out("auto", cuda, torch.bfloat16)).endswith(
+        "this step records gradients: call step under torch.no_grad()"
+    )
+    assert str(no_out("reference", cuda, torch.bfloat16)).endswith(
+        "the step runs on cuda with backend='reference'; it is a CUDA kernel"
+    )
 
 
 @pytest.mark.parametrize(
