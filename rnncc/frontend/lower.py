@@ -242,6 +242,8 @@ class _CellLowering:
                     f"const '{item.name.name}' needs a value",
                     f"write: const {item.name.name} = 1.0",
                 )
+                if self.declare(item.name, "const"):  # known, so its uses are no errors too
+                    self.env[item.name.name] = _BAD
                 continue
             value = self.number(item.value)
             if self.declare(item.name, "const"):

@@ -472,7 +472,7 @@ def test_two_output_statements():
 
 
 def test_const_without_a_value():
-    src = body("const k", "h = 1")
+    src = body("const k", "h = h * k")  # one error: the use of k is not "unknown name" too
     err = one_error(src, 2, 11, "const 'k' needs a value")
     assert err.notes == ("write: const k = 1.0",)
 
