@@ -11,6 +11,7 @@ The parser is built on first use and cached; importing this module does no work.
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import functools
 import re
@@ -320,6 +321,14 @@ def _blank_line(text: str, line: int) -> str | None:
     return "\n".join(lines)
 
 
+def _parses(text: str) -> bool:
+    try:
+        _parser().parse(text)
+    except UnexpectedInput:
+        return False
+    return True
+
+
 def parse(source: Source) -> ast.Module:
     """Parse a whole file; raises ``DslSyntaxError`` with every syntax error found."""
     diagnostics: list[Diagnostic] = []
@@ -338,7 +347,12 @@ def parse(source: Source) -> ast.Module:
                 err.token.type == "$END" or set(err.expected) <= {"LBRACE", "_SEP"}
             )
             blanked = None if ends else _blank_line(text, diag.span.line)
-            if blanked is None or len(diagnostics) >= MAX_SYNTAX_ERRORS:
+            if blanked is not None and len(diagnostics) >= MAX_SYNTAX_ERRORS:
+                if not _parses(blanked):  # there are more: say the list is cut
+                    stop = f"stopped after {MAX_SYNTAX_ERRORS} syntax errors; fix these first"
+                    diagnostics[-1] = dataclasses.replace(diag, notes=(*diag.notes, stop))
+                raise DslSyntaxError(diagnostics) from None
+            if blanked is None:
                 raise DslSyntaxError(diagnostics) from None
             text = blanked
     if diagnostics:

@@ -192,6 +192,15 @@ def test_a_header_without_its_brace_is_one_error():
     one_error(src, 2, 5, "unexpected 'gates'; expected '{'")
 
 
+def test_the_search_says_where_it_stopped():
+    src = body(*(f"t{i} = h +" for i in range(25)), "h = 1")
+    errs = errors(src)
+    assert len(errs) == 20 and errs[-1].span.line == 21
+    assert errs[-1].notes == ("stopped after 20 syntax errors; fix these first",)
+    assert all(not e.notes for e in errs[:-1])
+    assert not errors(body(*(f"t{i} = h +" for i in range(20)), "h = 1"))[-1].notes
+
+
 def test_syntax_errors_in_two_cells_are_both_reported():
     src = body("h = h +") + "cell g(c) {\n    c = ) \n}\n"
     errs = errors(src)
