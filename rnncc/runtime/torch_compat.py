@@ -36,9 +36,20 @@ def _builtin_name(module: nn.Module) -> str:
     for (cls, nonlinearity), name in BUILTIN_OF.items():
         if type(module) is cls and getattr(module, "nonlinearity", None) == nonlinearity:
             return name
+    base = next((cls for cls, _ in BUILTIN_OF if isinstance(module, cls)), None)
+    subclass = (
+        f", a subclass of nn.{base.__name__} whose own code would not carry over: make an "
+        f"rnncc.RNN of the built-in cell '{BUILTIN_OF[(base, getattr(module, 'nonlinearity', None))]}'"
+        " with its sizes and load its state_dict"
+        if base is not None
+        and type(module) is not base
+        and (base, getattr(module, "nonlinearity", None)) in BUILTIN_OF
+        else ""
+    )
     raise ValueError(
         f"RNN.from_torch takes torch.nn.LSTM, GRU or RNN (tanh or relu), got {type(module).__name__}"
-        + (f" with nonlinearity={module.nonlinearity!r}" if isinstance(module, nn.RNN) else "")
+        + (f" with nonlinearity={module.nonlinearity!r}" if type(module) is nn.RNN else "")
+        + subclass
     )
 
 

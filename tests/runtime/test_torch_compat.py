@@ -283,6 +283,16 @@ def test_from_torch_refuses_what_has_no_counterpart():
     with pytest.raises(ValueError, match=r"^RNN.from_torch takes torch.nn.LSTM, GRU or RNN"):
         rnncc.RNN.from_torch(nn.Linear(I, H))
 
+    class Mine(nn.GRU):  # its forward may differ: the layer would not run it
+        pass
+
+    with pytest.raises(ValueError) as err:
+        rnncc.RNN.from_torch(Mine(I, H))
+    assert str(err.value).endswith(
+        "got Mine, a subclass of nn.GRU whose own code would not carry over: make an rnncc.RNN "
+        "of the built-in cell 'gru' with its sizes and load its state_dict"
+    )
+
 
 def test_to_torch_needs_a_builtin_cell_and_one_head():
     from pathlib import Path
