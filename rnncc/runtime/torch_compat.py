@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 import weakref
 from functools import cache
-from typing import Any
+from typing import Any, cast
 
 import torch
 from torch import nn
@@ -194,11 +194,15 @@ def rename_torch_keys(
 _TORCH_WEIGHT = re.compile(r"((weight|bias)_(ih|hh))_l(\d+)(_reverse)?")
 
 
-def torch_weight(layer: RNN, name: str) -> torch.Tensor | None:
+def torch_weight(layer: RNN, name: str) -> torch.Tensor | list[list[torch.Tensor]] | None:
     """``layer.weight_hh_l0`` and its kin: a view, in the torch module's shape, of the layer's
-    own parameter (so code that reads or initialises ``nn.LSTM``'s weights in place runs);
-    None where ``name`` is no such name. AttributeError for a name the layer lacks or a
-    layer with no torch equivalent."""
+    own parameter (so code that reads or initialises ``nn.LSTM``'s weights in place runs), and
+    ``all_weights``, torch's list of them per (layer, direction); None where ``name`` is no
+    such name. AttributeError for a name the layer lacks or a layer with no torch equivalent."""
+    if name == "all_weights":
+        names = [t for _, t in _TORCH_NAMES][: 4 if layer.bias else 2]
+        views = [[torch_weight(layer, n + sfx) for n in names] for sfx in _suffixes(layer)]
+        return cast(list[list[torch.Tensor]], views)
     m = _TORCH_WEIGHT.fullmatch(name)
     if m is None:
         return None

@@ -236,6 +236,14 @@ def test_torch_weight_names_are_views_of_the_layers_weights(kind):
     x = torch.randn(T, B, I, dtype=torch.float64)
     torch.testing.assert_close(ours(x)[0], theirs(x)[0], **TOL)
     ours.flatten_parameters()  # nothing to do, as model code calls it
+    assert [[t.shape for t in ts] for ts in ours.all_weights] == [
+        [t.shape for t in ts] for ts in theirs.all_weights
+    ]
+    assert all(
+        torch.equal(a, b)
+        for ts, os_ in zip(theirs.all_weights, ours.all_weights, strict=True)
+        for a, b in zip(ts, os_, strict=True)
+    )
     for name in ("weight_hh_l2", "bias_ih_l0_forward", "weight_hh_l1_reverse_"):
         with pytest.raises(AttributeError, match=rf"^'RNN' object has no attribute '{name}'$"):
             getattr(ours, name)
