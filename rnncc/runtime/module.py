@@ -143,10 +143,7 @@ class RNN(nn.Module):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         for w in self._with_R("prune_"):
             assert w.R is not None
-            mask = magnitude_mask(w.R, float(density))
-            if w.R_mask is not None:
-                mask &= w.R_mask
-            w.set_mask_(mask)
+            w.set_mask_(magnitude_mask(w.R, float(density), among=w.R_mask))
         return self
 
     def set_masks_(self, masks: Sequence[torch.Tensor]) -> RNN:

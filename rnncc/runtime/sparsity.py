@@ -204,14 +204,22 @@ class StripDensities:
         return densities
 
 
-def magnitude_mask(R: torch.Tensor, density: float) -> torch.Tensor:
+def magnitude_mask(
+    R: torch.Tensor, density: float, among: torch.Tensor | None = None
+) -> torch.Tensor:
     """The mask keeping the ``ceil(density × D × D)`` entries of largest magnitude of each
-    (gate, head) of ``R`` ``[Gr, NH, D, D]`` (ties: the first in row-major order)."""
+    (gate, head) of ``R`` ``[Gr, NH, D, D]`` (ties: the first in row-major order); with
+    ``among`` (a mask of R's shape), only among its entries, whatever R holds elsewhere (an
+    optimizer's momentum can move entries a mask drops)."""
     if not 0.0 < density <= 1.0:
         raise ValueError(f"density must be in (0, 1], got {density}")
     G, NH, D, _ = R.shape
     keep = math.ceil(density * D * D)
-    flat = R.detach().abs().reshape(G, NH, D * D)
+    score = R.detach().abs()
+    if among is not None:
+        score = torch.where(among, score, -1.0)
+    flat = score.reshape(G, NH, D * D)
     mask = torch.zeros_like(flat, dtype=torch.bool)
     mask.scatter_(2, flat.topk(keep, dim=2, sorted=False).indices, True)
-    return mask.view(G, NH, D, D)
+    mask = mask.view(G, NH, D, D)
+    return mask if among is None else mask & among

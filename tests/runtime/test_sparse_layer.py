@@ -75,6 +75,19 @@ def test_prune_keeps_the_largest_entries_of_each_gate_and_head() -> None:
     assert dict(m.named_buffers())["weights.0.R_mask"] is mask
 
 
+def test_pruning_again_ranks_only_the_kept_entries() -> None:
+    """Whatever R holds where the mask drops (an optimizer made before the pruning moves those
+    entries with its momentum; an in-place init through weight_hh_l0 writes them), pruning
+    again keeps its count among the entries kept."""
+    m = layer(num_heads=NH, sparsity=0.5)
+    kept = m.weights[0].R_mask.clone()
+    with torch.no_grad():
+        m.weights[0].R.add_(torch.where(kept, 0.0, 100.0))  # large values where it drops
+    m.prune_(0.25)
+    mask = m.weights[0].R_mask
+    assert (mask.sum((2, 3)) == math.ceil(0.25 * 9)).all() and not (mask & ~kept).any()
+
+
 def test_sparsity_prunes_at_construction() -> None:
     m = layer(num_heads=NH, num_layers=2, bidirectional=True, sparsity=0.25)
     twin = layer(num_heads=NH, num_layers=2, bidirectional=True).prune_(0.25)
