@@ -16,6 +16,7 @@ torch modules.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -151,8 +152,10 @@ class RNN(nn.Module):
         device; True: kept), in ``weights`` order, and zero R where it drops. All are checked
         before any is set. Returns ``self``."""
         ws = self._with_R("set_masks_")
-        if isinstance(masks, torch.Tensor) or len(masks) != len(ws):
-            got = "a tensor" if isinstance(masks, torch.Tensor) else f"{len(masks)}"
+        if not isinstance(masks, Sequence) or len(masks) != len(ws):
+            kind = type(masks).__name__
+            article = "an" if kind[0].lower() in "aeiou" else "a"
+            got = f"{len(masks)}" if isinstance(masks, Sequence) else f"{article} {kind}"
             raise ValueError(
                 f"set_masks_ takes a list of {len(ws)} masks, one per (layer, direction) in "
                 f"layer.weights order; got {got}"
@@ -697,4 +700,5 @@ def _autocast_on(device_type: str) -> bool:
 
 
 def _is_density(x: object) -> bool:
-    return not isinstance(x, bool) and isinstance(x, int | float) and 0 < x <= 1
+    # numbers.Real: numpy's float32 and Fraction too, which are no Python float
+    return not isinstance(x, bool) and isinstance(x, numbers.Real) and 0 < float(x) <= 1

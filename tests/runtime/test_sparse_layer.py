@@ -303,8 +303,20 @@ def test_set_masks_errors() -> None:
     ok = [torch.ones(w.R.shape, dtype=torch.bool) for w in m.weights]
     with pytest.raises(ValueError, match=r"^set_masks_ takes a list of 2 masks, .* got 1$"):
         m.set_masks_(ok[:1])
-    with pytest.raises(ValueError, match=r"^set_masks_ takes a list of 2 masks, .* got a tensor"):
+    with pytest.raises(ValueError, match=r"^set_masks_ takes a list of 2 masks, .* got a Tensor$"):
         m.set_masks_(ok[0])
+    with pytest.raises(ValueError, match=r"^set_masks_ takes a list of 2 masks, .* got an int$"):
+        m.set_masks_(5)  # type: ignore[arg-type]
+    # densities of any real type: numpy's float32 and Fraction are no Python float
+    import fractions
+
+    import numpy as np
+
+    for density in (np.float32(0.5), fractions.Fraction(1, 2)):
+        twin = layer(num_layers=2).prune_(density)  # type: ignore[arg-type]
+        assert torch.equal(
+            twin.weights[0].R_mask, layer(num_layers=2).prune_(0.5).weights[0].R_mask
+        )
     with pytest.raises(ValueError, match=r"^masks\[1\]: mask has shape \[4, 1, 6, 5\], expected"):
         m.set_masks_([ok[0], ok[1][..., :5]])
     with pytest.raises(ValueError, match=r"^masks\[0\]: mask has dtype torch.float32, expected"):
