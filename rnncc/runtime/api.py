@@ -404,7 +404,7 @@ class CompiledCell:
                 f"plans are for backend 'auto', 'fused' or 'stepwise'; got {backend!r}"
             )
         sizes = Sizes(B, 1, NH, D)
-        dev = torch.device(device)
+        dev = _cuda_device(device, "cell.plan")
         return self._plan_for(
             dev, dtype, sizes, backend, timeline, self._given(density, mask, dev, D)
         )
@@ -426,7 +426,7 @@ class CompiledCell:
         these sizes (``timeline``: also those of calls with ``lengths=`` or ``reverse=True``;
         ``density``, ``mask``: of calls with a mask, as in ``plan``). Safe to call from several threads
         for different cells at once."""
-        dev = torch.device(device)
+        dev = _cuda_device(device, "cell.prepare")
         sizes = Sizes(batch, 1, heads, head_dim or 1)
         self._ops_for(dev, self._plan_for(dev, dtype, sizes, "stepwise"))
         if head_dim is not None:
@@ -676,7 +676,26 @@ def check_out(
     return tuple(out)
 
 
+def _cuda_device(device: torch.device | str, what: str) -> torch.device:
+    """``device`` as a CUDA device this process can use, else a ``ValueError`` saying why
+    (``what``: the call, for the message): plans and kernels are for CUDA devices."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        raise ValueError(
+            f"{what} is for a CUDA device, got {dev}: on the CPU the reference backend runs, "
+            "with no plan or kernels ('rnncc plan FILE --arch h100' plans for a GPU)"
+        )
+    return dev
+
+
 def _index(device: torch.device) -> int:
+    """The CUDA device's index; a ``ValueError`` where this process has no CUDA (torch's own
+    is a bare AssertionError from ``current_device``)."""
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"CUDA is not available in this process (torch {torch.__version__}), so there is "
+            f"no {device} to plan or build for; 'rnncc plan FILE --arch h100' plans for a GPU"
+        )
     return device.index if device.index is not None else torch.cuda.current_device()
 
 

@@ -548,6 +548,19 @@ def test_the_plan_method_is_what_a_call_runs(monkeypatch) -> None:
     assert cell.plan(64, 1, 768, device="cuda:0", backend="stepwise").variant == "stepwise"
 
 
+def test_plan_and_prepare_need_cuda() -> None:
+    cell = lstm()
+    for call, what in (
+        (lambda d: cell.plan(2, 1, 32, device=d), "cell.plan"),
+        (lambda d: cell.prepare(d, 32), "cell.prepare"),
+    ):
+        with pytest.raises(ValueError, match=rf"^{what} is for a CUDA device, got cpu: on the CPU"):
+            call("cpu")
+        if not torch.cuda.is_available():  # torch's own is a bare AssertionError
+            with pytest.raises(ValueError, match=r"^CUDA is not available in this process"):
+                call("cuda")
+
+
 def test_invalid_backend() -> None:
     cell = lstm()
     with pytest.raises(ValueError) as err:
