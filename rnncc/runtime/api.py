@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import os
 import warnings
 from collections import OrderedDict
@@ -406,7 +407,7 @@ class CompiledCell:
         sizes = Sizes(B, 1, NH, D)
         dev = _cuda_device(device, "cell.plan")
         return self._plan_for(
-            dev, dtype, sizes, backend, timeline, self._given(density, mask, dev, D)
+            dev, dtype, sizes, backend, timeline, self._given(density, mask, dev, NH, D)
         )
 
     def prepare(
@@ -430,7 +431,7 @@ class CompiledCell:
         sizes = Sizes(batch, 1, heads, head_dim or 1)
         self._ops_for(dev, self._plan_for(dev, dtype, sizes, "stepwise"))
         if head_dim is not None:
-            measured = self._given(density, mask, dev, head_dim)
+            measured = self._given(density, mask, dev, heads, head_dim)
             self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", False, measured))
             if timeline:
                 self._ops_for(dev, self._plan_for(dev, dtype, sizes, "auto", True))
@@ -514,10 +515,20 @@ class CompiledCell:
             warnings.warn(f"rnncc: cell '{self.name}': {message()}", RnnccWarning, stacklevel=4)
 
     def _given(
-        self, density: float, mask: torch.Tensor | None, device: torch.device, D: int
+        self, density: float, mask: torch.Tensor | None, device: torch.device, NH: int, D: int
     ) -> float | tuple[float, float, SlotCounts | None]:
-        """What ``plan`` and ``prepare`` plan for: ``mask``'s densities, else ``density``."""
-        return density if mask is None else self._density(mask, device, D)
+        """What ``plan`` and ``prepare`` plan for: ``mask``'s densities, else ``density``; each
+        checked (ValueError naming it) as a call checks its own."""
+        if mask is None:
+            if isinstance(density, bool) or not isinstance(density, numbers.Real):
+                raise ValueError(f"density must be a number in (0, 1], got {density!r}")
+            if not 0 < float(density) <= 1:
+                raise ValueError(f"density must be in (0, 1], got {density!r}")
+            return float(density)
+        where = mask.device if isinstance(mask, torch.Tensor) else torch.device("cpu")
+        shape = (len(self.gr_names), NH, D, D)
+        validate_mask(mask, torch.empty((), dtype=torch.bool, device=where).expand(shape))
+        return self._density(mask, device, D)
 
     def _density(
         self, mask: torch.Tensor | None, device: torch.device, D: int

@@ -9,6 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -546,6 +547,29 @@ def test_the_plan_method_is_what_a_call_runs(monkeypatch) -> None:
         "98304 B dynamic shared memory"
     )
     assert cell.plan(64, 1, 768, device="cuda:0", backend="stepwise").variant == "stepwise"
+
+
+def test_plan_checks_density_and_mask(monkeypatch) -> None:
+    cell = _on_h100(lstm(), monkeypatch)
+    for density, message in (
+        (2, "density must be in (0, 1], got 2"),
+        (0, "density must be in (0, 1], got 0"),
+        (float("nan"), "density must be in (0, 1], got nan"),
+        ("0.5", "density must be a number in (0, 1], got '0.5'"),
+    ):
+        with pytest.raises(ValueError) as err:
+            cell.plan(16, 1, 64, device="cuda:0", density=density)
+        assert str(err.value) == message
+    with pytest.raises(ValueError, match=r"^mask has dtype torch.float32, expected torch.bool"):
+        cell.plan(16, 1, 64, device="cuda:0", mask=torch.ones(4, 1, 64, 64))
+    with pytest.raises(
+        ValueError, match=r"^mask has shape \[4, 1, 64, 32\], expected \[4, 1, 64, 64\]"
+    ):
+        cell.plan(16, 1, 64, device="cuda:0", mask=torch.ones(4, 1, 64, 32, dtype=torch.bool))
+    ok = torch.zeros(4, 1, 64, 64, dtype=torch.bool)
+    ok[..., :16] = True  # a quarter kept: planned as that density is
+    assert cell.plan(16, 1, 64, device="cuda:0", mask=ok) is not None
+    assert cell.plan(16, 1, 64, device="cuda:0", density=np.float32(0.25)) is not None
 
 
 def test_plan_and_prepare_need_cuda() -> None:
