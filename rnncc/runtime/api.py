@@ -167,7 +167,11 @@ class CompiledCell:
         return self.ir.gb_names
 
     def shapes(self, B: int, T: int, NH: int, D: int) -> dict[str, tuple[int, ...] | None]:
-        """The shape of every input and output at the given sizes (None: pass None)."""
+        """The shape of every input and output at the given sizes (None: pass None); each
+        size a non-negative int (ValueError naming it)."""
+        for name, size in (("B", B), ("T", T), ("NH", NH), ("D", D)):
+            if isinstance(size, bool) or not isinstance(size, numbers.Integral) or size < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {size!r}")
         gx, gr, gb = len(self.gx_names), len(self.gr_names), len(self.gb_names)
         S, P, O = len(self.state_names), len(self.param_names), len(self.outputs)
         return {

@@ -195,6 +195,14 @@ def test_shapes() -> None:
     }
     lru = rnncc.load(EXAMPLES / "lru.rnn").shapes(1, 1, 1, 1)
     assert lru["R"] is None and lru["b"] is None
+    for args, message in (
+        ((-1, 5, 3, 4), "B must be a non-negative int, got -1"),
+        ((2, 2.5, 3, 4), "T must be a non-negative int, got 2.5"),
+        ((2, 5, True, 4), "NH must be a non-negative int, got True"),
+    ):
+        with pytest.raises(ValueError) as err:
+            lstm().shapes(*args)
+        assert str(err.value) == message
 
 
 def test_source_and_backward_source() -> None:
