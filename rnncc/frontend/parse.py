@@ -237,6 +237,14 @@ def _open_cell(source: Source, line: int) -> tuple[str, int] | None:
     return None
 
 
+def _acceptable(err: UnexpectedToken) -> set[str]:
+    """The terminals the parser takes where ``err`` stopped it (lark tries each on a copy of
+    its state), or LALR's expected set where lark gives no parser to ask."""
+    parser = getattr(err, "interactive_parser", None)
+    accepted = set(parser.accepts()) if parser is not None else set()
+    return accepted or set(err.expected)
+
+
 def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
     if isinstance(err, UnexpectedToken):
         tok = err.token
@@ -250,7 +258,10 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
             span = _span(tok)
             if tok.type == "_SEP":  # point at the end of the line, not at the next one
                 span = Span(tok.line, tok.column, tok.line, tok.column + 1)
-        expected = set(err.expected) - {"_SEP"} if tok.type != "_SEP" else set(err.expected)
+        # what the parser would take here: LALR's lookahead sets (err.expected) also name
+        # terminals that only a reduction's lookahead allows ('}' after `c = 1` in a header)
+        acceptable = _acceptable(err)
+        expected = acceptable - {"_SEP"} if tok.type != "_SEP" else acceptable
         # `output = h`: the keyword lexes as the statement keyword, the error comes at '='.
         before = re.search(r"\b(\w+)\s*$", source.line(tok.line)[: tok.column - 1])
         if tok == "=" and "NAME" in err.expected and before and before[1] in KEYWORDS:
@@ -276,7 +287,7 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
             notes = (f"did you mean '{close[0]}'?",) if close else _STATEMENT_NOTE
             return Diagnostic("error", msg, span, source, notes)
         else:
-            msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(expected or set(err.expected))}"
+            msg = f"unexpected {_describe_token(tok)}; expected {_describe_expected(expected or acceptable)}"
         return Diagnostic("error", msg, span, source)
     if isinstance(err, UnexpectedCharacters):
         pos = err.pos_in_stream

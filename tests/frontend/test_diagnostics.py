@@ -187,6 +187,25 @@ def test_an_error_inside_parentheses_over_several_lines_invents_no_more():
     assert "unexpected '*'" in errs[0].message and "unexpected end of line" in errs[1].message
 
 
+@pytest.mark.parametrize(
+    "src, line, col, message",
+    [
+        ("cell e(h, c = 1 {\n    h = h\n}\n", 1, 17, "unexpected '{'; expected ')' or ','"),
+        (
+            body("h = where(h < h < 1, h, h)"),
+            2,
+            21,
+            "unexpected '<'; expected ')', '+', ',' or '-'",
+        ),
+    ],
+)
+def test_expected_lists_name_only_what_the_parser_takes(src, line, col, message):
+    """LALR's lookahead sets also hold what only a reduction allows ('}' inside a header's
+    parentheses); the message lists what the parser takes at that point."""
+    err = one_error(src, line, col)
+    assert err.message == message
+
+
 def test_a_header_without_its_brace_is_one_error():
     src = "cell e(h)\n    gates a = W x + R h + b\n    h = tanh(a)\n}\n"
     one_error(src, 2, 5, "unexpected 'gates'; expected '{'")
