@@ -692,8 +692,9 @@ def check_out(
 
 
 def _cuda_device(device: torch.device | str, what: str) -> torch.device:
-    """``device`` as a CUDA device this process can use, else a ``ValueError`` saying why
-    (``what``: the call, for the message): plans and kernels are for CUDA devices."""
+    """``device`` as a torch device, a ``ValueError`` where it is no CUDA device (``what``: the
+    call, for the message): plans and kernels are for CUDA devices. Whether this process has
+    CUDA is asked where the plan needs the device (``_index``)."""
     dev = torch.device(device)
     if dev.type != "cuda":
         raise ValueError(
