@@ -75,11 +75,13 @@ class _CellLowering:
         # declared), for "bound later" notes; names read before that, whose "never used"
         # warning would contradict the error
         self.bound_at: dict[str, Span] = {}
+        self.bound_by: dict[str, Span] = {}  # the assignment that binds it, whole
         self.read_early: set[str] = set()
         for stmt in cell.body:
             idents: tuple[ast.Ident, ...] = ()
             if isinstance(stmt, ast.Assign):
                 idents = (stmt.target,)
+                self.bound_by.setdefault(stmt.target.name, stmt.span)
             elif isinstance(stmt, ast.Projection):
                 idents = stmt.names
             elif isinstance(stmt, ast.ParamDecl | ast.ConstDecl):
@@ -403,9 +405,16 @@ class _CellLowering:
             visible = [n for n in self.env if n not in RESERVED_NAMES]
             notes = _did_you_mean(name, visible)
             later = self.bound_at.get(name)
-            if later is not None and (later.line, later.col) > (ident.span.line, ident.span.col):
+            at = (ident.span.line, ident.span.col)
+            whole = self.bound_by.get(name)
+            if later is not None and (later.line, later.col) > at:
                 notes += (f"'{name}' is bound later, at {self.at(later)}",)
                 self.read_early.add(name)
+            elif whole is not None and (whole.line, whole.col) <= at <= (
+                whole.end_line,
+                whole.end_col,
+            ):
+                notes += (f"'{name}' is bound by this assignment, which cannot read it",)
             self.error(ident.span, f"unknown name '{name}'", *notes)
             return None
         decl.used = True

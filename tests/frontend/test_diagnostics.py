@@ -253,6 +253,15 @@ def test_name_bound_later_gets_a_note():
     assert rendered[3] == f"note: 'a' is bound later, at {PATH}:3:5"
 
 
+@pytest.mark.parametrize(
+    "lines, line, col",
+    [(("q = q + h", "h = q"), 2, 9), (("q = (h +", "     q)", "h = q"), 3, 10)],
+)
+def test_a_temporary_read_in_its_own_assignment_says_so(lines, line, col):
+    err = one_error(body(*lines), line, col, "unknown name 'q'")
+    assert err.notes == ("'q' is bound by this assignment, which cannot read it",)
+
+
 @pytest.mark.parametrize("later, col", [("param p", 11), ("const p = 2", 11), ("param q, p", 14)])
 def test_a_param_or_const_declared_later_gets_the_note_and_no_warning(later, col):
     """Read before its declaration: one error with the note, not also "never used"."""
