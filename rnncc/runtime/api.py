@@ -57,7 +57,7 @@ from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.printer import print_backward, print_cell
 from rnncc.ir.serialize import dump_cells, load_cells
 from rnncc.runtime.reference import initial_params, initial_states, run_reference
-from rnncc.runtime.sparsity import StripDensities, masked, sparse_r, validate_mask
+from rnncc.runtime.sparsity import StripDensities, is_density, masked, sparse_r, validate_mask
 from rnncc.runtime.validate import (
     CheckedLengths,
     Sizes,
@@ -526,7 +526,7 @@ class CompiledCell:
         if mask is None:
             if isinstance(density, bool) or not isinstance(density, numbers.Real):
                 raise ValueError(f"density must be a number in (0, 1], got {density!r}")
-            if not 0 < float(density) <= 1:
+            if not is_density(density):
                 raise ValueError(f"density must be in (0, 1], got {density!r}")
             return float(density)
         where = mask.device if isinstance(mask, torch.Tensor) else torch.device("cpu")

@@ -16,7 +16,6 @@ torch modules.
 from __future__ import annotations
 
 import contextlib
-import numbers
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -28,7 +27,7 @@ from torch.nn.utils.rnn import PackedSequence
 
 from rnncc.runtime.api import CompiledCell, check_out, decodes, load, no_out, refuse_torch_func
 from rnncc.runtime.packing import packed_like, packed_rows, padded
-from rnncc.runtime.sparsity import magnitude_mask, validate_mask
+from rnncc.runtime.sparsity import is_density, magnitude_mask, validate_mask
 from rnncc.runtime.validate import CheckedLengths, Sizes, _shape, validate_lengths
 from rnncc.runtime.weights import CellWeights, _cast, _Factory
 
@@ -70,19 +69,18 @@ class RNN(nn.Module):
             ("input_size", input_size, 0),
             ("hidden_size", hidden_size, 1),
             ("num_heads", num_heads, 1),
+            ("num_layers", num_layers, 1),
         ):
             if isinstance(size, bool) or not isinstance(size, int) or size < least:
                 what = "a positive" if least else "a non-negative"
                 raise ValueError(f"{name} must be {what} int, got {size!r}")
         if hidden_size % num_heads:
             raise ValueError(f"hidden_size={hidden_size} is not divisible by num_heads={num_heads}")
-        if isinstance(num_layers, bool) or not isinstance(num_layers, int) or num_layers < 1:
-            raise ValueError(f"num_layers must be a positive int, got {num_layers!r}")
         if isinstance(dropout, bool) or not isinstance(dropout, int | float):
             raise ValueError(f"dropout must be a number in [0, 1], got {dropout!r}")
         if not 0 <= dropout <= 1:
             raise ValueError(f"dropout must be in [0, 1], got {dropout}")
-        if sparsity is not None and not _is_density(sparsity):
+        if sparsity is not None and not is_density(sparsity):
             raise ValueError(
                 f"sparsity must be None (dense) or a density in (0, 1], got {sparsity!r}"
             )
@@ -140,7 +138,7 @@ class RNN(nn.Module):
         ``ceil(density · D · D)`` largest ``|R|`` of each (gate, head) among the entries it
         already keeps, and R is zeroed elsewhere. Again on a pruned layer it selects among the
         kept entries, so a density above the current one changes nothing. Returns ``self``."""
-        if not _is_density(density):
+        if not is_density(density):
             raise ValueError(f"density must be a number in (0, 1], got {density!r}")
         for w in self._with_R("prune_"):
             assert w.R is not None
@@ -697,8 +695,3 @@ def _autocast_on(device_type: str) -> bool:
     ``is_autocast_enabled`` raises). Not ``torch.amp.is_autocast_available``: torch.compile
     cannot trace it, and a ``fullgraph=True`` compile of a layer then fails."""
     return device_type != "meta" and torch.is_autocast_enabled(device_type)
-
-
-def _is_density(x: object) -> bool:
-    # numbers.Real: numpy's float32 and Fraction too, which are no Python float
-    return not isinstance(x, bool) and isinstance(x, numbers.Real) and 0 < float(x) <= 1

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import numbers
 import weakref
 from typing import Any
 
@@ -202,6 +203,12 @@ class StripDensities:
             self._kept = {k: v for k, v in self._kept.items() if v[0]() is not None}
         self._kept[id(mask)] = (weakref.ref(mask), version, units, densities)
         return densities
+
+
+def is_density(x: object) -> bool:
+    """Whether ``x`` is a kept fraction: a real number in (0, 1] (numpy's float32 and
+    Fraction too, which are no Python float; not a bool)."""
+    return not isinstance(x, bool) and isinstance(x, numbers.Real) and 0 < float(x) <= 1
 
 
 def magnitude_mask(

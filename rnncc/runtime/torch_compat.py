@@ -37,13 +37,13 @@ def _builtin_name(module: nn.Module) -> str:
         if type(module) is cls and getattr(module, "nonlinearity", None) == nonlinearity:
             return name
     base = next((cls for cls, _ in BUILTIN_OF if isinstance(module, cls)), None)
+    builtin = (
+        None if base is None else BUILTIN_OF.get((base, getattr(module, "nonlinearity", None)))
+    )
     subclass = (
         f", a subclass of nn.{base.__name__} whose own code would not carry over: make an "
-        f"rnncc.RNN of the built-in cell '{BUILTIN_OF[(base, getattr(module, 'nonlinearity', None))]}'"
-        " with its sizes and load its state_dict"
-        if base is not None
-        and type(module) is not base
-        and (base, getattr(module, "nonlinearity", None)) in BUILTIN_OF
+        f"rnncc.RNN of the built-in cell '{builtin}' with its sizes and load its state_dict"
+        if base is not None and builtin is not None and type(module) is not base
         else ""
     )
     raise ValueError(
@@ -206,9 +206,8 @@ def torch_weight(layer: RNN, name: str) -> torch.Tensor | list[list[torch.Tensor
     m = _TORCH_WEIGHT.fullmatch(name)
     if m is None:
         return None
-    theirs, l, reverse = m.group(1), int(m.group(4)), bool(m.group(5))
     missing = f"'{type(layer).__name__}' object has no attribute '{name}'"
-    if l >= layer.num_layers or (reverse and not layer.bidirectional):
+    if int(m.group(4)) >= layer.num_layers or (m.group(5) and not layer.bidirectional):
         raise AttributeError(missing)
     try:
         _torch_kind(layer)
@@ -216,8 +215,8 @@ def torch_weight(layer: RNN, name: str) -> torch.Tensor | list[list[torch.Tensor
         raise AttributeError(
             f"{missing}: torch's weight names need an equal torch module; {err}"
         ) from None
-    ours = next(o for o, t in _TORCH_NAMES if t == theirs)
-    found = _parameter(layer.weights[l * layer.num_directions + int(reverse)], ours)
+    k, ours = _ours(layer, m)
+    found = _parameter(layer.weights[k], ours)
     if found is None:
         raise AttributeError(f"{missing} (bias=False)")
     # torch's shapes: [gates · H, in] (R: [gates, 1, H, H]) and [gates · H]
@@ -230,13 +229,18 @@ def refuse_torch_weight_assignment(layer: RNN, name: str) -> None:
     m = _TORCH_WEIGHT.fullmatch(name)
     if m is None:
         return
-    k = int(m.group(4)) * layer.num_directions + bool(m.group(5))
-    ours = next(o for o, t in _TORCH_NAMES if t == m.group(1))
+    k, ours = _ours(layer, m)
     raise TypeError(
         f"cannot assign {name}: on rnncc.RNN it is a view of the parameter weights.{k}.{ours} "
         f"in torch's shape; write its values in place (with torch.no_grad(): "
         f"layer.{name}.copy_(value)) or assign layer.weights[{k}].{ours}"
     )
+
+
+def _ours(layer: RNN, m: re.Match[str]) -> tuple[int, str]:
+    """The ``layer.weights`` index and the parameter there that a ``_TORCH_WEIGHT`` match names."""
+    k = int(m.group(4)) * layer.num_directions + bool(m.group(5))
+    return k, next(o for o, t in _TORCH_NAMES if t == m.group(1))
 
 
 def _parameter(module: nn.Module, name: str) -> torch.Tensor | None:
