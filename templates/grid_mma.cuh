@@ -31,8 +31,9 @@
 // kernel table (kGridKernels kernels: kGridNT, kGridUW, their threads and shared memory), the
 // product splits (kFwWarps, kFwKT, kBwWarps, kBwKT), the exchange's kXWords and kTimeline
 // (per-row lengths and the reverse direction, rnncc_abi.h: a row's W x, y and their
-// cotangents at its positions, held steps past its length; the L2 prefetch of W x and dy
-// then runs only forwards).
+// cotangents at its positions, held steps past its length; the forward's L2 prefetch of W x
+// follows each row's positions, backwards in a reversed head (L2TimelineStream), the
+// backward's of W x and dy only where a reversed head's rows are whole).
 #pragma once
 #include <type_traits>
 #include <utility>
@@ -293,13 +294,25 @@ struct Kernels : MmaCommon<C> {
       }
     };
     const int units = kD - 8 * UW * u < 8 * UW ? kD - 8 * UW * u : 8 * UW;
-    rnncc::L2Stream<rnncc::l2_lines_per_thread(8 * NT * kGx, 8 * UW * (int)sizeof(T), kThreads)> wx_l2;  // W x, kL2Ahead steps ahead
-    wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
-               (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
+    // W x, kL2Ahead steps ahead (over a timeline: each row's own positions, in either direction)
+    constexpr int kWxLines = rnncc::l2_lines_per_thread(8 * NT * kGx, 8 * UW * (int)sizeof(T), kThreads);
+    std::conditional_t<kTimeline, rnncc::L2TimelineStream<kWxLines>, rnncc::L2Stream<kWxLines>> wx_l2;
+    if constexpr (kTimeline)
+      wx_l2.init(static_cast<const T*>(a.Wx) + (long long)b0 * a.T * kGx * NHD + (long long)n * kD + 8 * UW * u,
+                 (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads, (long long)kGx * NHD,
+                 rnncc::reversed(a, n), a.T, [&](const int r) { return lsm[r]; });
+    else
+      wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + kL2Ahead) * kGx * NHD + (long long)n * kD + 8 * UW * u,
+                 (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
     RNNCC_TRACE_INIT
     auto step = [&](const int t, WxRegs& wxv) {
       RNNCC_TRACE(0)
-      if (t + kL2Ahead < a.T && !(kTimeline && rnncc::reversed(a, n))) wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
+      if (t + kL2Ahead < a.T) {
+        if constexpr (kTimeline)
+          wx_l2.prefetch(t + kL2Ahead, (rnncc::reversed(a, n) ? -1LL : 1LL) * kGx * NHD * (long long)sizeof(T));
+        else
+          wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
+      }
       for (int hf = 0; hf < kSplit; ++hf) {
         if (b0 + 8 * kNTh * hf >= a.B) break;  // a part wholly past the batch (uniform in the block)
         if (kGr > 0) {
@@ -679,16 +692,22 @@ struct Kernels : MmaCommon<C> {
                  kThreads);
     if (kGr > 0)
       rh_l2.init(a.rh + ((long long)n * a.B + b0) * kRows + d_blk, kRows, rows, kD, kGr, units, threadIdx.x, kThreads);
-    wx_l2.init(static_cast<const T*>(a.Wx) + (long long)b0 * a.T * kGx * NHD + (long long)n * kD + d_blk,
+    // W x and dy: a reversed head's rows run backwards from position T - 1 where every row is
+    // whole (no lengths); with lengths a reversed head's are not prefetched (a row's own end
+    // per address, as the forward's L2TimelineStream keeps, made this kernel slower).
+    const bool rev = kTimeline && rnncc::reversed(a, n);
+    const long long last = rev ? a.T - 1 : 0;
+    wx_l2.init(static_cast<const T*>(a.Wx) + ((long long)b0 * a.T + last) * kGx * NHD + (long long)n * kD + d_blk,
                (long long)a.T * kGx * NHD, rows, NHD, kGx, units, threadIdx.x, kThreads);
-    dy_l2.init(static_cast<const T*>(a.dy) + (long long)b0 * a.T * NHD + (long long)n * kD + d_blk, (long long)a.T * NHD,
-               rows, yO, kO, units, threadIdx.x, kThreads);
+    dy_l2.init(static_cast<const T*>(a.dy) + ((long long)b0 * a.T + last) * NHD + (long long)n * kD + d_blk,
+               (long long)a.T * NHD, rows, yO, kO, units, threadIdx.x, kThreads);
     auto prefetch = [&](const int t) {
       hist_l2.prefetch((long long)t * kS * NB * kD * (long long)sizeof(float));
       if (kGr > 0) rh_l2.prefetch((long long)t * NB * kRows * (long long)sizeof(float));
-      if (!(kTimeline && len < 0)) {  // not in a reversed head
-        wx_l2.prefetch((long long)t * kGx * NHD * (long long)sizeof(T));
-        dy_l2.prefetch((long long)t * NHD * (long long)sizeof(T));
+      if (!(kTimeline && len < 0) || a.lengths == nullptr) {  // not a reversed head's rows of their own lengths
+        const long long s = kTimeline && len < 0 ? -t : t;  // every lane's len is signed
+        wx_l2.prefetch(s * kGx * NHD * (long long)sizeof(T));
+        dy_l2.prefetch(s * NHD * (long long)sizeof(T));
       }
     };
     // One buffer: step t - 1's inputs are loaded once the cell of step t is done with step t's,

@@ -209,6 +209,46 @@ struct L2Stream {
   }
 };
 
+// L2Stream over a timeline (timeline.cuh): the slices of outer row r (of `outer`, length
+// length(r)) hold position s of that row at p + s * step elements, and step s reads position
+// position(L, reverse, s). Each address starts at its row's step 0 (a reversed head's rows at
+// their own last position) and remembers the step its row ends at (its length where reversed:
+// held steps read nothing worth fetching; else T), so that prefetch(s, ...) fetches step s of
+// every row still running, forwards or backwards. One int a line more than L2Stream; the
+// step's stride is the caller's (no registers held for it).
+template <int kMax>
+struct L2TimelineStream {
+  const char* at[kMax > 0 ? kMax : 1];
+  int end[kMax > 0 ? kMax : 1];
+
+  template <typename E, typename Length>
+  __device__ __forceinline__ void init(const E* p, long long outer_stride, int outer, long long inner_stride,
+                                       int inner, int len, int tid, int nthreads, long long step, bool reverse, int T,
+                                       const Length& length) {
+    const int bytes = len * (int)sizeof(E), lines = (bytes + 127) / 128 + 1;
+#pragma unroll
+    for (int i = 0; i < kMax; ++i) {
+      const int k = tid + i * nthreads, slice = k / lines, line = k % lines;
+      at[i] = nullptr;
+      end[i] = 0;
+      if (k < outer * inner * lines && bytes > 0) {
+        const int r = slice / inner, L = length(r);
+        const E* s = p + r * outer_stride + (slice % inner) * inner_stride + (reverse ? (L - 1) * step : 0);
+        at[i] = reinterpret_cast<const char*>(s) + (128 * line < bytes - 1 ? 128 * line : bytes - 1);
+        end[i] = reverse ? L : T;
+      }
+    }
+  }
+
+  // Step s's lines (0 <= s) of the rows that run through step s; step_bytes: init's step in
+  // bytes, negative in a reversed head.
+  __device__ __forceinline__ void prefetch(int s, long long step_bytes) const {
+#pragma unroll
+    for (int i = 0; i < kMax; ++i)
+      if (s < end[i]) asm volatile("prefetch.global.L2 [%0];" ::"l"(at[i] + s * step_bytes));
+  }
+};
+
 // Bytes [p, p + bytes) into L2 by one bulk prefetch (sm_90's cp.async.bulk.prefetch: the copy
 // engine fetches them, no register waits; p 16-byte aligned, bytes a multiple of 16). A
 // no-op before sm_90.
