@@ -91,10 +91,20 @@ def entry_dir(root: Path, name: str, key: str) -> Path:
     return root / f"{name}-{key[:16]}"
 
 
-#: What :func:`entry_dir` names: anything else in the cache folder is not rnncc's (the folder
-#: may be one the user shares, such as ``~/.cache`` or ``$TMPDIR``) and is never listed,
-#: cleared or pruned.
+#: What :func:`entry_dir` names. A folder so named is rnncc's only where it also has a
+#: manifest or the lock file beside it that every build takes before making the folder:
+#: anything else in the cache folder is not rnncc's (the folder may be one the user shares,
+#: such as ``~/.cache`` or ``$TMPDIR``, where ``backup-2024010112300000`` is a user's) and is
+#: never listed, cleared or pruned; nor is a symbolic link.
 _ENTRY_NAME = re.compile(r".+-[0-9a-f]{16}")
+
+
+def _is_entry(directory: Path) -> bool:
+    if not _ENTRY_NAME.fullmatch(directory.name) or directory.is_symlink():
+        return False
+    return directory.is_dir() and (
+        (directory / MANIFEST).exists() or lock_path(directory).exists()
+    )
 
 
 def lock_path(directory: Path) -> Path:
@@ -309,7 +319,7 @@ def list_entries(root: Path) -> list[Entry]:
     entries = []
     for name in names:
         directory = root / name
-        if not _ENTRY_NAME.fullmatch(name) or not directory.is_dir():
+        if not _is_entry(directory):
             continue
         manifest, damaged = None, False
         try:

@@ -70,7 +70,9 @@ def test_list_a_cache_that_does_not_exist(capsys, tmp_path):
 def test_list_shows_entry_kernel_size_age_and_in_use(capsys, tmp_path, fake_builds):
     lstm = _build(tmp_path, "rnncc_lstm_stepwise", 2048, "lstm stepwise kernels (sm_90a)")
     gru = _build(tmp_path, "rnncc_gru_fused_d64", 10, "gru fused kernels (head dim 64, sm_90a)")
-    (tmp_path / "rnncc_elman_stepwise-0123456789abcdef").mkdir()  # a build that never finished
+    unfinished = tmp_path / "rnncc_elman_stepwise-0123456789abcdef"  # a build that never finished
+    lock_path(unfinished).touch()  # taken before the folder is made
+    unfinished.mkdir()
     with _mapped(gru), entry_lock(lock_path(lstm.parent)):
         rc, out, err = _cli(capsys, tmp_path, "list")
     assert (rc, err) == (0, "")
@@ -125,6 +127,7 @@ def test_prune_removes_unfinished_then_least_recently_used(capsys, tmp_path, fak
     unfinished = tmp_path / "lib3-0123456789abcdef"
     unfinished.mkdir()
     (unfinished / "k.o").write_bytes(b"\0" * 10)
+    cache.lock_path(unfinished).touch()  # a build takes it before it makes the folder
     rc, out, err = _cli(capsys, tmp_path, "prune", "--max-size", "250K")
     assert (rc, err) == (0, "")
     assert out.startswith("removed 2 entries (100.")
@@ -142,9 +145,17 @@ def test_folders_that_are_not_entries_are_never_touched(capsys, tmp_path, fake_b
     clear and prune see only the folders rnncc names (``<name>-<16 hex digits>``)."""
     lstm = _build(tmp_path, "rnncc_lstm_stepwise", 10)
     theirs = [tmp_path / "pip", tmp_path / "huggingface" / "hub", tmp_path / "notes-2026"]
+    # named as an entry is (a timestamp is hex digits), but with no manifest or lock: a user's
+    theirs.append(tmp_path / "backup-2024010112300000")
     for folder in theirs:
         folder.mkdir(parents=True)
         (folder / "data.bin").write_bytes(b"\0" * 1000)
+    elsewhere = tmp_path.parent / f"{tmp_path.name}-linked"
+    elsewhere.mkdir()
+    (elsewhere / "BUILT").write_text("{}")
+    (tmp_path / "link-0123456789abcdef").symlink_to(elsewhere, target_is_directory=True)
+    theirs.append(elsewhere)
+    (elsewhere / "data.bin").write_bytes(b"\0" * 1000)
     rc, out, err = _cli(capsys, tmp_path, "list")
     assert (rc, err) == (0, "") and len(_table(out)) == 2 and "pip" not in out  # header, entry
     rc, out, err = _cli(capsys, tmp_path, "prune", "--max-size", "0")
