@@ -66,9 +66,9 @@ class Config:
 
     def __post_init__(self) -> None:
         # Accept str/PathLike (handy in tests) but store absolute Paths.
-        object.__setattr__(self, "cache_dir", _abs_path(self.cache_dir))
+        object.__setattr__(self, "cache_dir", _abs_path("RNNCC_CACHE_DIR", self.cache_dir))
         if self.dump_dir is not None:
-            object.__setattr__(self, "dump_dir", _abs_path(self.dump_dir))
+            object.__setattr__(self, "dump_dir", _abs_path("RNNCC_DUMP_DIR", self.dump_dir))
         for flag in ("verbose", "quiet", "poison"):
             if not isinstance(getattr(self, flag), bool):
                 raise ConfigError(f"{flag} must be a bool, got {getattr(self, flag)!r}")
@@ -95,15 +95,25 @@ class Config:
         )
 
 
-def _abs_path(value: str | os.PathLike[str]) -> Path:
-    return Path(value).expanduser().absolute()
+def _abs_path(name: str, value: str | os.PathLike[str]) -> Path:
+    try:
+        return Path(value).expanduser().absolute()
+    except RuntimeError as err:  # `~user` of no user, or `~` without a home directory
+        raise ConfigError(f"{name}={str(value)!r}: cannot expand '~' ({err})") from None
 
 
 def _default_cache_dir(env: Mapping[str, str]) -> Path:
     # The XDG spec says to ignore a relative XDG_CACHE_HOME.
     xdg = env.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if xdg and Path(xdg).is_absolute() else Path.home() / ".cache"
-    return base / "rnncc"
+    if xdg and Path(xdg).is_absolute():
+        return Path(xdg) / "rnncc"
+    try:
+        return Path.home() / ".cache" / "rnncc"
+    except RuntimeError as err:
+        raise ConfigError(
+            f"no home directory for the default cache ~/.cache/rnncc ({err}): set "
+            "RNNCC_CACHE_DIR (or XDG_CACHE_HOME) to a writable folder"
+        ) from None
 
 
 def _parse_bool(name: str, raw: str) -> bool:
@@ -119,10 +129,8 @@ def _parse_jobs(name: str, raw: str) -> int | None:
     value = raw.strip()
     if not value:
         return None
-    try:
-        jobs = int(value)
-    except ValueError:
-        jobs = 0
+    # digits only, as torch.utils.cpp_extension reads it (it ignores "+2" or "2.0")
+    jobs = int(value) if value.isascii() and value.isdigit() else 0
     if jobs < 1:
         raise ConfigError(f"{name}={raw!r}: expected a positive number of jobs")
     return jobs

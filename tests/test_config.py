@@ -105,11 +105,50 @@ def test_max_jobs(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Config.from_env().max_jobs == 3
 
 
-@pytest.mark.parametrize("raw", ["0", "-1", "two", "1.5"])
+@pytest.mark.parametrize("raw", ["0", "-1", "two", "1.5", "+2", "٣"])
 def test_bad_max_jobs(monkeypatch: pytest.MonkeyPatch, raw: str) -> None:
     monkeypatch.setenv("MAX_JOBS", raw)
     with pytest.raises(ConfigError, match="MAX_JOBS"):
         Config.from_env()
+
+
+def test_max_jobs_reaches_the_build_where_torch_reads_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """An override's max_jobs, or the environment's in a spelling torch would ignore, is the
+    MAX_JOBS torch.utils.cpp_extension sees while building; the environment is put back."""
+    from torch.utils import cpp_extension
+
+    from rnncc.runtime import build
+
+    seen: list[str | None] = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **_: seen.append(os.environ.get("MAX_JOBS")))
+    monkeypatch.setenv("MAX_JOBS", " 3 ")
+    with override(cache_dir=tmp_path, max_jobs=1):
+        build._run_build("x", [], tmp_path, [], cuda=False)
+    build._run_build("x", [], tmp_path, [], cuda=False)  # the environment's, normalised
+    monkeypatch.delenv("MAX_JOBS")
+    build._run_build("x", [], tmp_path, [], cuda=False)
+    assert seen == ["1", "3", None]
+    assert "MAX_JOBS" not in os.environ
+
+
+@pytest.mark.parametrize("name", ["RNNCC_CACHE_DIR", "RNNCC_DUMP_DIR"])
+def test_a_tilde_path_that_cannot_expand_names_the_variable(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv(name, "~no_such_user_of_rnncc/cache")
+    with pytest.raises(ConfigError, match=f"{name}='~no_such_user_of_rnncc/cache': cannot expand"):
+        Config.from_env()
+
+
+def test_no_home_for_the_default_cache_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_home() -> Path:
+        raise RuntimeError("Could not determine home directory.")
+
+    monkeypatch.setattr(Path, "home", staticmethod(no_home))
+    with pytest.raises(ConfigError, match="set RNNCC_CACHE_DIR"):
+        Config.from_env({})
 
 
 def test_config_error_is_an_rnncc_error_and_a_value_error() -> None:

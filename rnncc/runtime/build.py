@@ -42,11 +42,12 @@ from typing import Any
 
 from rnncc import __version__
 from rnncc.config import get_config
-from rnncc.errors import BuildError, RnnccWarning
+from rnncc.errors import BuildError, RnnccError, RnnccWarning
 from rnncc.runtime.cache import (
     MANIFEST_FORMAT,
     DamagedEntryError,
     Manifest,
+    check_buildable,
     check_entry,
     entry_dir,
     entry_lock,
@@ -148,6 +149,10 @@ def build_library(
         k: v for k, v in parts.items() if not k.startswith(("src:", "hdr:")) and k != "plan"
     }
     job = _Job(name, key, description or f"{name} ({arch})", recorded, plan)
+    try:
+        check_buildable(root)
+    except RnnccError as err:
+        raise BuildError(str(err)) from None
     try:
         root.mkdir(parents=True, exist_ok=True)
         with entry_lock(lock_path(directory), on_wait=job.waiting):
@@ -282,18 +287,53 @@ def _captured_stdout(buffer: io.StringIO) -> Iterator[None]:
                 sys.stdout = proxy.stream
 
 
+_jobs_lock = threading.Lock()
+_jobs_builds = 0  # builds running under _max_jobs
+_jobs_before: str | None = None  # MAX_JOBS as it was before the first of them
+
+
+@contextlib.contextmanager
+def _max_jobs(jobs: int | None) -> Iterator[None]:
+    """``MAX_JOBS`` set to ``jobs`` (the configuration's, which may be an ``override``'s or a
+    spelling torch ignores, such as `` 4``) while builds run, where torch reads it; put back as
+    it was once the last of them ends (builds run in several threads at once)."""
+    global _jobs_builds, _jobs_before
+    if jobs is None:
+        yield
+        return
+    with _jobs_lock:
+        if not _jobs_builds:
+            _jobs_before = os.environ.get("MAX_JOBS")
+        _jobs_builds += 1
+        os.environ["MAX_JOBS"] = str(jobs)
+    try:
+        yield
+    finally:
+        with _jobs_lock:
+            _jobs_builds -= 1
+            if not _jobs_builds:
+                if _jobs_before is None:
+                    os.environ.pop("MAX_JOBS", None)
+                else:
+                    os.environ["MAX_JOBS"] = _jobs_before
+
+
 def _run_build(
     ext_name: str, sources: list[str], directory: Path, flags: list[str], cuda: bool
 ) -> None:
     from torch.utils import cpp_extension
 
-    verbose = get_config().verbose
+    config = get_config()
+    verbose = config.verbose
     captured = io.StringIO()
     # torch skips building a name it has built before in this process and loads the file
     # left there; after a cleared or damaged entry there is none, or a wrong one.
     cpp_extension.JIT_EXTENSION_VERSIONER.entries.pop(ext_name, None)
     try:
-        with _captured_stdout(captured) if not verbose else contextlib.nullcontext():
+        with (
+            _captured_stdout(captured) if not verbose else contextlib.nullcontext(),
+            _max_jobs(config.max_jobs),
+        ):
             cpp_extension.load(
                 name=ext_name,
                 sources=sources,

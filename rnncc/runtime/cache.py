@@ -102,9 +102,7 @@ _ENTRY_NAME = re.compile(r".+-[0-9a-f]{16}")
 def _is_entry(directory: Path) -> bool:
     if not _ENTRY_NAME.fullmatch(directory.name) or directory.is_symlink():
         return False
-    return directory.is_dir() and (
-        (directory / MANIFEST).exists() or lock_path(directory).exists()
-    )
+    return directory.is_dir() and ((directory / MANIFEST).exists() or lock_path(directory).exists())
 
 
 def lock_path(directory: Path) -> Path:
@@ -295,9 +293,30 @@ def unusable(root: Path, err: OSError, verb: str = "write") -> str:
     )
 
 
+#: Characters of a path that the build's ninja file (written by torch.utils.cpp_extension,
+#: which escapes only spaces) cannot hold.
+_NINJA_UNSAFE = "$:\n"
+
+
+def check_buildable(root: Path) -> None:
+    """Raises :class:`RnnccError` where a build under ``root`` cannot work: its path holds a
+    character of ``_NINJA_UNSAFE`` (ninja then failed with 'missing and no known rule' or
+    'expected newline')."""
+    bad = sorted({c for c in str(root) if c in _NINJA_UNSAFE})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad)
+        raise RnnccError(
+            f"cannot build in the kernel cache at {root}: its path holds {shown}, which the "
+            "build (ninja) cannot take: set RNNCC_CACHE_DIR to a folder without '$', ':' or "
+            "line breaks"
+        )
+
+
 def ensure_writable(root: Path) -> None:
-    """Create ``root`` if needed and check that a file can be made there; raises the
-    error of :func:`unusable` otherwise (a build checks nothing ahead, it reports what fails)."""
+    """Create ``root`` if needed and check that a file can be made and a build can run there;
+    raises the error of :func:`unusable` or :func:`check_buildable` otherwise (a build checks
+    nothing else ahead, it reports what fails)."""
+    check_buildable(root)
     try:
         root.mkdir(parents=True, exist_ok=True)
         probe = root / f".probe.{os.getpid()}.{threading.get_ident()}"

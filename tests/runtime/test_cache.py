@@ -18,6 +18,7 @@ import pytest
 
 from rnncc.cli import main
 from rnncc.config import override
+from rnncc.errors import BuildError, RnnccError
 from rnncc.runtime import build, cache
 from rnncc.runtime.build import build_library
 from rnncc.runtime.cache import entry_lock, lock_path
@@ -247,3 +248,16 @@ def test_a_lock_whose_file_was_cleared_is_taken_again_on_the_new_file(tmp_path):
     os.close(current)
     thread.join(timeout=10)
     assert waited == ["waiting"] and inside.is_set()
+
+
+@pytest.mark.parametrize("bad", ["c$x", "c:x"])
+def test_a_cache_path_the_build_cannot_take_is_refused_before_building(tmp_path, bad, fake_builds):
+    """torch's ninja file escapes only spaces: a '$' or ':' in the cache's path made every
+    build fail with ninja's 'missing and no known rule'. Refused first, naming the way out."""
+    root = tmp_path / bad
+    with pytest.raises(BuildError, match=r"its path holds '[$:]'.*set RNNCC_CACHE_DIR"):
+        _build(root, "lib", 10)
+    with pytest.raises(RnnccError, match="set RNNCC_CACHE_DIR"):
+        cache.ensure_writable(root)
+    assert not root.exists()
+    _build(tmp_path / "with space", "lib", 10)  # spaces it escapes
