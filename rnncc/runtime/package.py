@@ -20,8 +20,10 @@ import json
 import keyword
 import os
 import stat
+import sys
 import unicodedata
 from collections.abc import Mapping, Sequence
+from importlib.resources.abc import Traversable
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -51,7 +53,7 @@ _INIT = '''"""A cell compiled by rnncc {version}; ``cell`` is loaded from cell.j
 Generated file: recompile with `rnncc compile` rather than editing it.
 """
 
-from pathlib import Path as _Path
+from importlib.resources import files as _files
 
 from rnncc.runtime.package import load_package as _load_package
 
@@ -59,7 +61,7 @@ from rnncc.runtime.package import load_package as _load_package
 CELL_NAME = {name}
 SOURCE_PATH = {path}
 
-cell = _load_package(_Path(__file__).with_name("cell.json"))
+cell = _load_package(_files(__name__) / "cell.json")  # also from a zip file
 
 
 def RNN(*args, **kwargs):
@@ -68,6 +70,12 @@ def RNN(*args, **kwargs):
 
     return rnncc.RNN(cell, *args, **kwargs)
 '''
+
+
+#: Top-level modules a package must not be named after: rnncc and what a package's import of
+#: it imports (a package named so shadows them, or is shadowed: ``-o out/rnncc`` imported
+#: itself half-initialised). The standard library's names are refused too.
+_TAKEN_NAMES = frozenset({"rnncc", "torch", "numpy", "jinja2", "lark", "constraint"})
 
 
 def write_package(
@@ -87,6 +95,14 @@ def write_package(
         raise RnnccError(
             f"{out}: a package folder needs a Python identifier as its name "
             f"(its import name), not {name!r}"
+        )
+    if name in _TAKEN_NAMES or name in sys.stdlib_module_names:
+        owner = (
+            "rnncc or a module it needs" if name in _TAKEN_NAMES else "a standard library module"
+        )
+        raise RnnccError(
+            f"{out}: {name!r} is the name of {owner}, which a package so named would shadow "
+            "or be shadowed by when imported; name the folder something else"
         )
     if unicodedata.normalize("NFKC", name) != name:  # what `import` looks for on disk
         raise RnnccError(
@@ -152,9 +168,11 @@ def package_files(
     return files
 
 
-def load_package(path: Path) -> CompiledCell:
-    """The ``CompiledCell`` stored in a package's ``cell.json``."""
-    return from_serialized(json.loads(Path(path).read_text()))
+def load_package(path: str | os.PathLike[str] | Traversable) -> CompiledCell:
+    """The ``CompiledCell`` stored in a package's ``cell.json`` (a path, or a resource of an
+    imported package, which may live in a zip file)."""
+    source = Path(path) if isinstance(path, (str, os.PathLike)) else path
+    return from_serialized(json.loads(source.read_text(encoding="utf-8")))
 
 
 def _is_inside(rel: str) -> bool:

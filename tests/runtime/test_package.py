@@ -394,6 +394,48 @@ def test_write_package_needs_an_identifier(tmp_path: Path, monkeypatch, name: st
     assert sorted(p.name for p in tmp_path.rglob("*")) == ["my-dir"]
 
 
+@pytest.mark.parametrize(
+    ("name", "owner"),
+    [
+        ("rnncc", "rnncc or a module it needs"),
+        ("torch", "rnncc or a module it needs"),
+        ("typing", "a standard library module"),
+        ("json", "a standard library module"),
+    ],
+)
+def test_write_package_refuses_the_name_of_a_module_it_would_meet(
+    tmp_path: Path, name: str, owner: str
+) -> None:
+    """``-o out/rnncc`` imported itself half-initialised, ``-o out/typing`` got the standard
+    library's module."""
+    out = tmp_path / name
+    with pytest.raises(rnncc.RnnccError) as err:
+        write_package(compile_one(REPO / "examples/lstm.rnn"), out)
+    assert str(err.value) == (
+        f"{out}: {name!r} is the name of {owner}, which a package so named would shadow or be "
+        "shadowed by when imported; name the folder something else"
+    )
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_package_imports_from_a_zip_file(tmp_path: Path, monkeypatch) -> None:
+    """cell.json is read as a resource of the package, not a path next to __init__.py."""
+    import zipfile
+
+    out = tmp_path / "zipped_lstm_cell"
+    write_package(compile_one(REPO / "examples/lstm.rnn"), out)
+    archive = tmp_path / "cells.zip"
+    with zipfile.ZipFile(archive, "w") as z:
+        for f in out.rglob("*"):
+            z.write(f, f.relative_to(tmp_path).as_posix())
+    monkeypatch.syspath_prepend(str(archive))
+    try:
+        module = importlib.import_module("zipped_lstm_cell")
+        assert module.__file__.startswith(str(archive)) and module.cell.name == "lstm"
+    finally:
+        sys.modules.pop("zipped_lstm_cell", None)
+
+
 def test_write_package_refuses_a_name_import_would_change(tmp_path: Path) -> None:
     """Python normalises identifiers (NFKC): ``import ﬁle`` (a ligature) looks for ``file``."""
     out = tmp_path / "\ufb01le"
