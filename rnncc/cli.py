@@ -254,6 +254,7 @@ def _density(text: str) -> float:
 def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
     """The plan for the sizes of ``rnncc plan`` / ``rnncc compile --hidden``: what the runtime
     launches for them on ``--arch`` (default: this GPU)."""
+    from rnncc.dump import dump_plan
     from rnncc.tiling import Problem, caps_for_device, solve
 
     hidden, heads = args.hidden, args.heads
@@ -271,7 +272,9 @@ def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
         timeline=args.timeline,
         density=args.density,
     )
-    return solve(problem, caps)
+    plan = solve(problem, caps)
+    dump_plan(cell.name, plan)
+    return plan
 
 
 def _plan_files(

@@ -2,13 +2,18 @@
 
 Input: a stage name, the cell's name and the stage's text. Output: the file
 ``$RNNCC_DUMP_DIR/<cell>.<stage>`` (e.g. ``lstm.ast.txt``, ``lstm.ir.rnn``,
-``lstm.backward.rnn``, ``lstm_stepwise.cu``), written atomically; nothing when the variable
-is unset. Like Triton's dumps: for reading what the compiler did, not for loading back.
+``lstm.backward.rnn``, ``lstm.plan.b16.1x768.bf16.txt``, ``lstm_stepwise.cu``), written
+atomically; nothing when the variable is unset. Like Triton's dumps: for reading what the
+compiler did, not for loading back.
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rnncc.tiling.plan import Plan
 
 from rnncc.config import ConfigError, get_config
 
@@ -30,3 +35,14 @@ def dump(cell: str, stage: str, text: str) -> None:
         raise ConfigError(
             f"RNNCC_DUMP_DIR={str(directory)!r}: cannot write the stage dumps there ({reason})"
         ) from None
+
+
+def dump_plan(cell: str, plan: Plan) -> None:
+    """The plan a call or ``rnncc plan`` solved, as ``plan.explain()`` prints it, in a file
+    named after the problem: ``<cell>.plan.b<B>.<heads>x<head dim>.<dtype>`` and
+    ``.timeline`` (per-row lengths or reversed heads), ``.density<d>`` (a sparse R)."""
+    p = plan.problem
+    name = f"plan.b{p.batch}.{p.heads}x{p.head_dim}.{p.dtype}"
+    name += ".timeline" if p.timeline else ""
+    name += f".density{p.density:g}" if p.density < 1 else ""
+    dump(cell, f"{name}.txt", plan.explain() + "\n")

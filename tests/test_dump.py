@@ -39,6 +39,20 @@ def test_stages_are_dumped(tmp_path, monkeypatch):
     assert "rnncc_forward_step" in (tmp_path / "gru.stepwise.cu").read_text()
 
 
+def test_plans_are_dumped_named_after_their_problem(tmp_path, capsys):
+    """`rnncc plan` and a call's plan (here cell.plan for a device planned by its caps) write
+    plan.explain() to <cell>.plan.b<B>.<heads>x<dim>.<dtype>[.timeline].txt."""
+    gru = str(ROOT / "examples" / "gru.rnn")
+    with override(dump_dir=tmp_path):
+        assert main(["plan", gru, "--hidden", "64", "--arch", "h100"]) == 0
+        args = ["plan", gru, "--hidden", "256", "--heads", "2", "--batch", "8", "--arch", "h100"]
+        assert main([*args, "--dtype", "fp16", "--timeline"]) == 0
+    shown = capsys.readouterr().out
+    names = sorted(p.name for p in tmp_path.iterdir() if ".plan." in p.name)
+    assert names == ["gru.plan.b16.1x64.bf16.txt", "gru.plan.b8.2x128.fp16.timeline.txt"]
+    assert (tmp_path / names[1]).read_text() in shown
+
+
 def test_nothing_is_dumped_by_default(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     with override(dump_dir=None):

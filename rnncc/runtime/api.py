@@ -50,7 +50,7 @@ import torch
 from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from rnncc.autodiff import derive_backward
-from rnncc.dump import dump
+from rnncc.dump import dump, dump_plan
 from rnncc.errors import Diagnostic, RnnccWarning, TilingError
 from rnncc.frontend import compile_source, read_source, select_cell
 from rnncc.ir.cell import BackwardCell, Cell
@@ -491,6 +491,7 @@ class CompiledCell:
             "stepwise": (BY_NAME["stepwise"],),
         }[backend]
         plan = solve(problem, self._caps(device), variants)
+        dump_plan(self.ir.name, plan)
         if device.index is not None:
             self._plans[key] = plan
         return plan
