@@ -144,6 +144,16 @@ def get_config() -> Config:
     return _overrides[-1] if _overrides else Config.from_env()
 
 
+def get_dump_dir() -> Path | None:
+    """``get_config().dump_dir`` reading only ``RNNCC_DUMP_DIR``: the front end asks it of
+    every compile, which builds nothing, so another variable's bad value (a ``MAX_JOBS=auto``
+    set for other builds) does not stop ``rnncc check`` or ``rnncc.load``."""
+    if _overrides:
+        return _overrides[-1].dump_dir
+    raw = os.environ.get("RNNCC_DUMP_DIR", "")
+    return _abs_path("RNNCC_DUMP_DIR", raw) if raw else None
+
+
 @contextmanager
 def override(**changes: object) -> Iterator[Config]:
     """Run a block with some fields replaced, e.g. ``with override(cache_dir=tmp_path):``.

@@ -15,13 +15,13 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from rnncc.tiling.plan import Plan
 
-from rnncc.config import ConfigError, get_config
+from rnncc.config import ConfigError, get_dump_dir
 
 
 def dump(cell: str, stage: str, text: str) -> None:
     """Write one stage's output when dumping is on; see the module docstring. A folder that
     cannot be written raises ``ConfigError`` naming the variable."""
-    directory = get_config().dump_dir
+    directory = get_dump_dir()
     if directory is None:
         return
     path = directory / f"{cell}.{stage}"

@@ -151,6 +151,24 @@ def test_no_home_for_the_default_cache_is_a_config_error(monkeypatch: pytest.Mon
         Config.from_env({})
 
 
+def test_a_bad_build_variable_does_not_stop_what_builds_nothing(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MAX_JOBS is torch's variable too (set for other builds, torch ignores what it cannot
+    read): checking, showing and loading a cell read only RNNCC_DUMP_DIR."""
+    import rnncc
+    from rnncc.cli import main
+
+    monkeypatch.setenv("MAX_JOBS", "auto")
+    monkeypatch.setenv("RNNCC_CACHE_DIR", "~no_such_user_of_rnncc/cache")
+    lstm = str(Path(__file__).resolve().parents[1] / "examples" / "lstm.rnn")
+    assert main(["check", lstm]) == 0
+    assert rnncc.load(lstm).name == "lstm"
+    assert rnncc.load_builtin("gru").name == "gru"
+    with pytest.raises(ConfigError, match="MAX_JOBS='auto'"):
+        get_config()  # where a build reads it
+
+
 def test_config_error_is_an_rnncc_error_and_a_value_error() -> None:
     assert issubclass(ConfigError, RnnccError)
     assert issubclass(ConfigError, ValueError)

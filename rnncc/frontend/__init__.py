@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rnncc.config import get_config
+from rnncc.config import get_dump_dir
 from rnncc.dump import dump
 from rnncc.errors import CellSelectionError, Diagnostic, Source, SourceReadError
 from rnncc.frontend.ast import format_cell
@@ -25,7 +25,7 @@ def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[
     source = Source(text, path)
     module = parse(source)
     cells, diagnostics = lower(module, source)
-    if get_config().dump_dir is not None:
+    if get_dump_dir() is not None:
         from rnncc.ir.printer import print_cell
 
         for cell_def, cell in zip(module.cells, cells, strict=True):

@@ -737,9 +737,11 @@ def _emit(diags: list[Diagnostic], stacklevel: int) -> tuple[Diagnostic, ...]:
     return tuple(diags)
 
 
-def _load(text: str, cell: str | None, path: str, stacklevel: int) -> CompiledCell:
+def _load(
+    text: str, cell: str | None, path: str, stacklevel: int, how: str = "cell='name'"
+) -> CompiledCell:
     cells, diags = compile_source(text, path)
-    chosen = select_cell(cells, cell, path, how="cell='name'")
+    chosen = select_cell(cells, cell, path, how=how)
     return CompiledCell(chosen, _emit(diags, stacklevel + 1))
 
 
@@ -759,6 +761,13 @@ def load(path: str | Path, cell: str | None = None) -> CompiledCell:
     """Compile the cell in the file ``path`` (or the one named ``cell``); raises ``DslError``,
     ``SourceReadError`` (a ``DslError``) when the file cannot be read."""
     return _load(read_source(path), cell, str(path), stacklevel=2)
+
+
+def load_for_layer(path: str | Path) -> CompiledCell:
+    """``load(path)`` for ``rnncc.RNN(path, ...)``, whose file must hold one cell: the error
+    for several names the way to choose that works there."""
+    how = f"rnncc.RNN(rnncc.load({str(path)!r}, cell='name'), ...)"
+    return _load(read_source(path), None, str(path), stacklevel=3, how=how)
 
 
 def load_builtin(name: str) -> CompiledCell:

@@ -25,7 +25,15 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
-from rnncc.runtime.api import CompiledCell, check_out, decodes, load, no_out, refuse_torch_func
+from rnncc.runtime.api import (
+    BACKENDS,
+    CompiledCell,
+    check_out,
+    decodes,
+    load_for_layer,
+    no_out,
+    refuse_torch_func,
+)
 from rnncc.runtime.packing import packed_like, packed_rows, padded
 from rnncc.runtime.sparsity import is_density, magnitude_mask, validate_mask
 from rnncc.runtime.validate import CheckedLengths, Sizes, _shape, validate_lengths
@@ -39,8 +47,8 @@ from rnncc.runtime.weights import _MaskedR as _MaskedR
 States = torch.Tensor | Sequence[torch.Tensor]
 
 
-#: A layer's cell-call mask as ``RNN._mask`` keeps it: its sources, their versions, the mask.
-_LayerMask = tuple[tuple[torch.Tensor | None, ...], tuple[int, ...], torch.Tensor]
+#: A layer's cell-call mask as ``RNN._mask`` keeps it: its sources, their (version, storage), the mask.
+_LayerMask = tuple[tuple[torch.Tensor | None, ...], tuple[tuple[int, int], ...], torch.Tensor]
 
 
 class RNN(nn.Module):
@@ -64,7 +72,7 @@ class RNN(nn.Module):
     ):
         super().__init__()
         if not isinstance(cell, CompiledCell):
-            cell = load(cell)
+            cell = load_for_layer(cell)
         for name, size, least in (
             ("input_size", input_size, 0),
             ("hidden_size", hidden_size, 1),
@@ -177,15 +185,28 @@ class RNN(nn.Module):
 
     def _mask(self, layer: int, ws: list[CellWeights]) -> torch.Tensor | None:
         """The ``mask=`` of a layer's cell call: its directions' ``R_mask`` side by side on the
-        heads axis (all True for a direction without one); None for a dense layer. The
-        concatenation is kept while its sources are unchanged, so that the planner measures a
-        bidirectional layer's mask once, as a unidirectional one's."""
+        heads axis (all True for a direction without one); None for a dense layer. On a GPU the
+        concatenation is kept while its sources are unchanged (the same tensors, storage and
+        version counters), so that the planner measures a bidirectional layer's mask once, as
+        a unidirectional one's; elsewhere (nothing plans there) and while torch.compile traces
+        (a version counter is no value it can guard on), it is made each call, so that it
+        follows every write to the masks."""
         masks = tuple(w._buffers.get("R_mask") for w in ws)
         if all(m is None for m in masks):
             return None
         if len(masks) == 1:
             return masks[0]
-        versions = tuple(-1 if m is None else m._version for m in masks)
+
+        def joined() -> torch.Tensor:
+            parts = [
+                m if m is not None else torch.ones_like(w.R, dtype=torch.bool)  # type: ignore[arg-type]
+                for w, m in zip(ws, masks, strict=True)
+            ]
+            return torch.cat(parts, dim=1)
+
+        if not ws[0].R.is_cuda or torch.compiler.is_compiling():
+            return joined()
+        versions = tuple((-1, 0) if m is None else (m._version, m.data_ptr()) for m in masks)
         kept = self._layer_masks.get(layer)
         if (
             kept is not None
@@ -193,11 +214,7 @@ class RNN(nn.Module):
             and all(a is b for a, b in zip(kept[0], masks, strict=True))
         ):
             return kept[2]
-        parts = [
-            m if m is not None else torch.ones_like(w.R, dtype=torch.bool)  # type: ignore[arg-type]
-            for w, m in zip(ws, masks, strict=True)
-        ]
-        mask = torch.cat(parts, dim=1)
+        mask = joined()
         self._layer_masks[layer] = (masks, versions, mask)
         return mask
 
@@ -239,6 +256,8 @@ class RNN(nn.Module):
             from rnncc.runtime.torch_compat import refuse_torch_weight_assignment
 
             refuse_torch_weight_assignment(self, name)
+        elif name == "backend" and value not in BACKENDS:  # the constructor's and later ones
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {value!r}")
         super().__setattr__(name, value)
 
     def _load_from_state_dict(

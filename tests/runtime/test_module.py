@@ -14,6 +14,7 @@ import torch
 from torch.nn.utils.rnn import pack_padded_sequence
 
 import rnncc
+import rnncc.errors
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "examples"
@@ -269,6 +270,19 @@ def test_constructing_from_a_path() -> None:
     assert "cell=gru, input_size=5, hidden_size=6, num_layers=1, num_heads=1" in repr(m)
 
 
+def test_constructing_from_a_file_of_several_cells_says_how_to_choose(tmp_path) -> None:
+    """RNN's first argument is the cell: the hint is rnncc.load's cell=, not RNN's."""
+    two = tmp_path / "two.rnn"
+    two.write_text((EXAMPLES / "lstm.rnn").read_text() + (EXAMPLES / "gru.rnn").read_text())
+    with pytest.raises(rnncc.errors.CellSelectionError) as err:
+        rnncc.RNN(two, IN, H)
+    assert str(err.value) == (
+        f"{two} defines several cells (lstm, gru); choose one with "
+        f"rnncc.RNN(rnncc.load({str(two)!r}, cell='name'), ...)"
+    )
+    assert rnncc.RNN(rnncc.load(two, cell="gru"), IN, H).cell.name == "gru"
+
+
 @pytest.mark.parametrize("kw", [{}, {"num_layers": 2, "bidirectional": True}], ids=["1", "2x2"])
 def test_a_module_survives_checkpointing(tmp_path, kw) -> None:
     """Training scripts save whole models, deep-copy them (weight averaging) and pickle them
@@ -448,6 +462,12 @@ def test_bad_options() -> None:
             rnncc.RNN(rnncc.load(EXAMPLES / "lstm.rnn"), **kwargs)
         assert str(err.value) == f"{name} must be {what} int, got {value!r}"
     _raises("dropout must be in [0, 1], got 1.5", layer, "lstm", num_layers=2, dropout=1.5)
+    bad_backend = "backend must be one of auto, reference, stepwise, fused; got 'cuda'"
+    _raises(bad_backend, layer, "lstm", backend="cuda")  # at construction, not at the first call
+    m = layer("lstm")
+    with pytest.raises(ValueError, match=re.escape(bad_backend)):
+        m.backend = "cuda"
+    m.backend = "reference"
     with pytest.warns(UserWarning, match="num_layers=1 has none"):
         layer("lstm", dropout=0.5)
 

@@ -157,6 +157,23 @@ def test_bidirectional_mask_follows_new_masks() -> None:
     torch.testing.assert_close(m(x), dense_twin(m)(x), rtol=0, atol=0)
     m.weights[1].R_mask.fill_(True)  # in place
     torch.testing.assert_close(m(x), dense_twin(m)(x), rtol=0, atol=0)
+    # through .data, which moves neither the tensor nor its version counter: the joined mask
+    # was kept and the layer ran the old one (the GPU's cache also keys on the storage)
+    m.weights[0].R_mask.data[0] = False
+    torch.testing.assert_close(m(x), dense_twin(m)(x), rtol=0, atol=0)
+    m.weights[2].R_mask.data = torch.rand(m.weights[2].R.shape, generator=g) < 0.3
+    smudge(m)
+    torch.testing.assert_close(m(x), dense_twin(m)(x), rtol=0, atol=0)
+
+
+def test_a_pruned_bidirectional_layer_traces_whole() -> None:
+    """torch.compile(fullgraph=True) after an eager call: the joined mask's cache compared
+    version counters, which dynamo cannot guard on (a data-dependent expression error)."""
+    m = layer(num_layers=2, bidirectional=True, sparsity=0.5)
+    x = x_of(m)
+    eager = m(x)  # a joined mask kept from an eager call
+    compiled = torch.compile(m, backend="eager", fullgraph=True)
+    torch.testing.assert_close(compiled(x), eager)
 
 
 def test_a_layer_of_masked_and_dense_directions() -> None:
