@@ -61,6 +61,7 @@ from rnncc.runtime.sparsity import StripDensities, is_density, masked, sparse_r,
 from rnncc.runtime.validate import (
     CheckedLengths,
     Sizes,
+    functorch_active,
     validate,
     validate_lengths,
     validate_reverse,
@@ -89,18 +90,12 @@ def _may_keep(on_cuda: bool) -> bool:
     return not (on_cuda and torch.cuda.is_current_stream_capturing())
 
 
-#: Whether a torch.func transform is active (a private torch function; without it, never).
-_functorch_active: Callable[[], bool] = getattr(
-    torch._C, "_are_functorch_transforms_active", lambda: False
-)
-
-
 def refuse_torch_func(what: str) -> None:
     """Raise where a torch.func transform (grad, vmap, jacrev, jvp, ...) is active: the
     backends' autograd Functions are not written for them, and torch's own error from inside
     one names none of rnncc's API. ``what``: the call, for the message. Not asked while
     torch.compile traces (the registered ops, with fake implementations, are what it sees)."""
-    if not torch.compiler.is_compiling() and _functorch_active():
+    if not torch.compiler.is_compiling() and functorch_active():
         raise NotImplementedError(
             f"rnncc: {what} does not run under torch.func transforms (grad, vmap, jacrev, "
             "jvp, ...); differentiate with torch.autograd instead (loss.backward() or "

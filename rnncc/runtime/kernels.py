@@ -36,6 +36,7 @@ from rnncc.errors import BuildError
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.resources import templates_dir
 from rnncc.runtime.build import build_library, device_arch
+from rnncc.runtime.validate import refuse_batched_backward
 from rnncc.variants import BY_NAME, Launch
 
 ABI_VERSION = 12
@@ -477,6 +478,7 @@ def _define_ops(
         _dhist: Tensor | None,
         _drh: Tensor | None,
     ) -> tuple[Tensor | None, ...]:
+        refuse_batched_backward(dy, dlast)
         if not ctx.save:
             raise RuntimeError(
                 "rnncc: this forward ran without saving for backward (no input required grad)"

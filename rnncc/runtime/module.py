@@ -36,7 +36,7 @@ from rnncc.runtime.api import (
 )
 from rnncc.runtime.packing import packed_like, packed_rows, padded
 from rnncc.runtime.sparsity import is_density, magnitude_mask, validate_mask
-from rnncc.runtime.validate import CheckedLengths, Sizes, _shape, validate_lengths
+from rnncc.runtime.validate import CheckedLengths, Sizes, _shape, autocast_on, validate_lengths
 from rnncc.runtime.weights import CellWeights, _cast, _Factory
 
 # Pickles made before weights.py name the masked R's class here.
@@ -331,7 +331,7 @@ class RNN(nn.Module):
         lasts: list[torch.Tensor] = []
         # Under autocast the casts are _run's own (to ctype), not autocast's per op.
         device = x.device.type
-        off = torch.autocast(device, enabled=False) if _autocast_on(device) else None
+        off = torch.autocast(device, enabled=False) if autocast_on(device) else None
         with off or contextlib.nullcontext():
             h = x
             for layer in range(self.num_layers):
@@ -621,7 +621,7 @@ class RNN(nn.Module):
         if p is not None and p.device != x.device:
             raise ValueError(f"x is on {x.device}, expected {p.device} like the layer's weights")
         dtype = x.dtype if p is None else p.dtype
-        if dtype == torch.float32 and _autocast_on(device := x.device.type):
+        if dtype == torch.float32 and autocast_on(device := x.device.type):
             return torch.get_autocast_dtype(device)
         if x.dtype != dtype:
             raise ValueError(f"x has dtype {x.dtype}, expected {dtype} like the layer's weights")
@@ -707,10 +707,3 @@ class RNN(nn.Module):
         if self.sparsity is not None:
             parts.append(f"sparsity={self.sparsity}")
         return ", ".join(parts)
-
-
-def _autocast_on(device_type: str) -> bool:
-    """Whether autocast is on for ``device_type``; False on ``meta``, which has no autocast (its
-    ``is_autocast_enabled`` raises). Not ``torch.amp.is_autocast_available``: torch.compile
-    cannot trace it, and a ``fullgraph=True`` compile of a layer then fails."""
-    return device_type != "meta" and torch.is_autocast_enabled(device_type)

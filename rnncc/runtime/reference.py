@@ -24,12 +24,14 @@ in float32 (like the kernels) and round results to the storage dtype.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, cast, overload
 
 import torch
 
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.interpret import evaluate
+from rnncc.runtime.validate import autocast_on, refuse_batched_backward
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -224,6 +226,7 @@ class ReferenceFunction(torch.autograd.Function):
     def backward(
         ctx: Any, dy: torch.Tensor | None, dlast: torch.Tensor | None
     ) -> tuple[torch.Tensor | None, ...]:
+        refuse_batched_backward(dy, dlast)
         cell: Cell = ctx.cell
         bwd: BackwardCell = ctx.bwd
         Wx, R, b, states, params = ctx.saved_tensors
@@ -340,9 +343,13 @@ def run_reference(
     ``reverse_from ..`` reversed (None: none)."""
     order = _order(Wx, lengths, reverse_from)
     first = reverse_from or 0
-    out = ReferenceFunction.apply(
-        cell, bwd, _heads_in_order(Wx, order, 1, first), R, b, states, params, lengths
-    )
+    # in the inputs' dtypes, as the CUDA backends: autocast would run the products in 16 bits
+    device = Wx.device.type
+    off = torch.autocast(device, enabled=False) if autocast_on(device) else None
+    with off or contextlib.nullcontext():
+        out = ReferenceFunction.apply(
+            cell, bwd, _heads_in_order(Wx, order, 1, first), R, b, states, params, lengths
+        )
     y, last = cast(tuple[torch.Tensor, torch.Tensor], out)
     return _heads_in_order(y, order, 2, first), last
 

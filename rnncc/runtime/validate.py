@@ -11,11 +11,49 @@ dtype, or device). The shapes a call takes (README, "Use it from PyTorch"):
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
 import torch
 
 from rnncc.ir.cell import Cell
+
+#: Whether a torch.func transform is active (a private torch function; without it, never).
+functorch_active: Callable[[], bool] = getattr(
+    torch._C, "_are_functorch_transforms_active", lambda: False
+)
+
+
+def autocast_on(device_type: str) -> bool:
+    """Whether autocast is on for ``device_type``; False on ``meta``, which has no autocast (its
+    ``is_autocast_enabled`` raises). Not ``torch.amp.is_autocast_available``: torch.compile
+    cannot trace it, and a ``fullgraph=True`` compile of a layer then fails."""
+    return device_type != "meta" and torch.is_autocast_enabled(device_type)
+
+
+#: Whether a tensor is batched by torch's older vmap (``torch.autograd.grad``'s
+#: ``is_grads_batched`` runs the backward under it, with no transform active).
+_legacy_batched: Callable[[torch.Tensor], bool] = getattr(
+    torch._C._functorch, "is_legacy_batchedtensor", lambda t: False
+)
+
+
+def refuse_batched_backward(*grads: torch.Tensor | None) -> None:
+    """Raise where a cell call's backward runs under vmap (``grads``: its incoming ones):
+    ``torch.autograd.grad(..., is_grads_batched=True)`` and
+    ``torch.autograd.functional.jacobian``/``hessian(..., vectorize=True)`` batch it so, and
+    torch's error from inside it (an in-place copy that vmap cannot batch) names nothing of
+    rnncc's."""
+    if torch.compiler.is_compiling():
+        return
+    if functorch_active() or any(g is not None and _legacy_batched(g) for g in grads):
+        raise NotImplementedError(
+            "rnncc: the backward of a cell call does not run batched (vmap): not under "
+            "torch.autograd.grad(..., is_grads_batched=True) nor "
+            "torch.autograd.functional.jacobian/hessian(..., vectorize=True); compute the "
+            "rows one at a time (is_grads_batched=False, vectorize=False)"
+        )
+
 
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 

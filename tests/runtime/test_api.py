@@ -771,3 +771,31 @@ def test_torch_func_transforms_are_refused_naming_the_call(transform: str) -> No
     w = Wx.clone().requires_grad_()
     (sequence(w) + one_step(w)).backward()
     assert w.grad is not None and w.grad.abs().sum() > 0
+
+
+def test_a_batched_backward_is_refused_naming_the_way_round() -> None:
+    """is_grads_batched and vectorized jacobians vmap the backward (torch's older vmap, no
+    transform active): torch's error from inside named an in-place copy, nothing of rnncc's."""
+    cell = lstm()
+    Wx, R, b = random_inputs(cell)
+    Wx.requires_grad_()
+    y, _ = cell(Wx, R, b)
+    message = r"^rnncc: the backward of a cell call does not run batched \(vmap\).*one at a time"
+    with pytest.raises(NotImplementedError, match=message):
+        torch.autograd.grad(y, Wx, torch.randn(4, *y.shape, dtype=y.dtype), is_grads_batched=True)
+    with pytest.raises(NotImplementedError, match=message):
+        torch.autograd.functional.jacobian(lambda w: cell(w, R, b)[0], Wx, vectorize=True)
+    rows = torch.autograd.functional.jacobian(lambda w: cell(w, R, b)[0], Wx)  # row by row
+    assert rows.shape == (*y.shape, *Wx.shape)
+
+
+def test_autocast_does_not_lower_a_reference_call() -> None:
+    """float32 inputs compute in float32 on the reference backend, as on the CUDA ones (the
+    einsum of R·h ran in bf16 under CPU autocast: relative error 1e-3)."""
+    cell = lstm()
+    Wx, R, b = random_inputs(cell, dtype=torch.float32)
+    y, last = cell(Wx, R, b)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y_auto, last_auto = cell(Wx, R, b)
+    assert y_auto.dtype == torch.float32
+    torch.testing.assert_close((y_auto, last_auto), (y, last), rtol=0, atol=0)
