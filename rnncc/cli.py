@@ -100,6 +100,23 @@ def cmd_compile(args: argparse.Namespace) -> int:
     from rnncc.runtime.package import write_package
     from rnncc.variants.stepwise import BUILD as STEPWISE_BUILD
 
+    if args.hidden is None:  # the plan's other sizes mean nothing without it
+        given = [
+            flag
+            for flag, value, default in (
+                ("--heads", args.heads, 1),
+                ("--batch", args.batch, 16),
+                ("--dtype", args.dtype, "bf16"),
+                ("--timeline", args.timeline, False),
+                ("--density", args.density, 1.0),
+            )
+            if value != default
+        ]
+        if given:
+            raise RnnccError(
+                f"{', '.join(given)} size the planned kernels, which need --hidden H "
+                "(without it the package holds the cell and its stepwise kernels only)"
+            )
     cells, warns = _compile(args.file)
     _print_warnings(warns)
     cell = _pick(cells, args.cell, args.file)
@@ -403,7 +420,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "cache",
         help="list, clear or prune the built-kernel cache",
-        description="The cache of built kernels ($RNNCC_CACHE_DIR, default ~/.cache/rnncc). "
+        description="The cache of built kernels ($RNNCC_CACHE_DIR, default $XDG_CACHE_HOME/rnncc, else ~/.cache/rnncc). "
         "Entries in use (being built, or loaded by a running process) are never removed.",
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)

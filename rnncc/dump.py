@@ -2,7 +2,7 @@
 
 Input: a stage name, the cell's name and the stage's text. Output: the file
 ``$RNNCC_DUMP_DIR/<cell>.<stage>`` (e.g. ``lstm.ast.txt``, ``lstm.ir.rnn``,
-``lstm.backward.rnn``, ``lstm.plan.b16.1x768.bf16.txt``, ``lstm_stepwise.cu``), written
+``lstm.backward.rnn``, ``lstm.plan.b16.1x768.bf16.txt``, ``lstm.stepwise.cu``), written
 atomically; nothing when the variable is unset. Like Triton's dumps: for reading what the
 compiler did, not for loading back.
 """

@@ -270,6 +270,20 @@ def test_compile_bad_file_writes_nothing(capsys, bad: Path, tmp_path: Path) -> N
     assert sorted(tmp_path.iterdir()) == before
 
 
+def test_compile_plan_sizes_need_hidden(capsys, tmp_path: Path) -> None:
+    """--heads and its kin were ignored without --hidden: the package came out without the
+    kernels they asked for."""
+    lstm = REPO / "examples" / "lstm.rnn"
+    argv = ("compile", lstm, "-o", tmp_path / "pkg", "--heads", "4", "--timeline")
+    assert run(capsys, *argv) == (
+        1,
+        "",
+        "rnncc: error: --heads, --timeline size the planned kernels, which need --hidden H "
+        "(without it the package holds the cell and its stepwise kernels only)\n",
+    )
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_compile_several_cells_needs_cell(capsys, two: Path, tmp_path: Path) -> None:
     rc, out, err = run(capsys, "compile", two, "-o", tmp_path / "pkg")
     assert (rc, out) == (1, "")
