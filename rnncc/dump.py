@@ -41,6 +41,8 @@ def dump_plan(cell: str, plan: Plan) -> None:
     """The plan a call or ``rnncc plan`` solved, as ``plan.explain()`` prints it, in a file
     named after the problem: ``<cell>.plan.b<B>.<heads>x<head dim>.<dtype>`` and
     ``.timeline`` (per-row lengths or reversed heads), ``.density<d>`` (a sparse R)."""
+    if get_dump_dir() is None:  # explain() is not free, and a call plans on first use
+        return
     p = plan.problem
     name = f"plan.b{p.batch}.{p.heads}x{p.head_dim}.{p.dtype}"
     name += ".timeline" if p.timeline else ""
