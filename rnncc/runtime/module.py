@@ -204,7 +204,8 @@ class RNN(nn.Module):
             ]
             return torch.cat(parts, dim=1)
 
-        if not ws[0].R.is_cuda or torch.compiler.is_compiling():
+        on_gpu = next(m for m in masks if m is not None).is_cuda
+        if not on_gpu or torch.compiler.is_compiling():
             return joined()
         versions = tuple((-1, 0) if m is None else (m._version, m.data_ptr()) for m in masks)
         kept = self._layer_masks.get(layer)
