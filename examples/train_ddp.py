@@ -35,10 +35,11 @@ class ParityModel(nn.Module):
         self.layers = nn.ModuleList(
             [
                 rnncc.RNN(compiled, 1, hidden, backend=backend),
-                rnncc.RNN(compiled, hidden, hidden, backend=backend),
             ]
         )
-        self.head = nn.Linear(hidden, 1)
+        # a cell may output more than h (peephole_lstm: h and c): output_size features
+        self.layers.append(rnncc.RNN(compiled, self.layers[0].output_size, hidden, backend=backend))
+        self.head = nn.Linear(self.layers[1].output_size, 1)
 
     def forward(self, bits: torch.Tensor) -> torch.Tensor:
         """``bits`` ``[B, T]`` of 0/1 → logits ``[B, T]`` of the parity of each prefix."""

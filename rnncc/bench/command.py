@@ -400,13 +400,16 @@ def run(args: argparse.Namespace) -> int:
     )
     print(format_table(records))
     if args.json:
-        write_results(
-            Path(args.json),
-            machine_info(device),
-            records,
-            load_s=round(load_s, 4),
-            arguments={k: v for k, v in vars(args).items() if k != "func"},
-        )
+        try:
+            write_results(
+                Path(args.json),
+                machine_info(device),
+                records,
+                load_s=round(load_s, 4),
+                arguments={k: v for k, v in vars(args).items() if k != "func"},
+            )
+        except OSError as err:
+            raise RnnccError(f"{args.json}: cannot write: {err.strerror or err}") from None
     if not any(r.status == "ok" for r in records):
         why: dict[str, list[str]] = {}
         for r in records:

@@ -146,8 +146,11 @@ def write_results(
     path.parent.mkdir(parents=True, exist_ok=True)
     data = {"machine": machine, **extra, "records": [r.as_dict() for r in records]}
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)  # left only where the write or the rename failed
 
 
 def fmt_ms(x: float) -> str:
