@@ -102,15 +102,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
 
     if args.hidden is None:  # the plan's other sizes mean nothing without it
         given = [
-            flag
-            for flag, value, default in (
-                ("--heads", args.heads, 1),
-                ("--batch", args.batch, 16),
-                ("--dtype", args.dtype, "bf16"),
-                ("--timeline", args.timeline, False),
-                ("--density", args.density, 1.0),
-            )
-            if value != default
+            f"--{name}"
+            for name, default in _PLAN_DEFAULTS.items()
+            if getattr(args, name) != default
         ]
         if given:
             raise RnnccError(
@@ -331,6 +325,16 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The defaults of a plan's sizes other than --hidden (``_size_arguments``).
+_PLAN_DEFAULTS: dict[str, object] = {
+    "heads": 1,
+    "batch": 16,
+    "dtype": "bf16",
+    "timeline": False,
+    "density": 1.0,
+}
+
+
 def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
     """The sizes and target of a plan (``rnncc plan``; ``rnncc compile``, where --hidden is
     optional and asks for the planned kernels)."""
@@ -338,10 +342,17 @@ def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
         "" if required else ": write the plan and its kernels"
     )
     p.add_argument("--hidden", type=int, required=required, metavar="H", help=what)
-    p.add_argument("--heads", type=int, default=1, metavar="NH", help="heads (default 1)")
-    p.add_argument("--batch", type=int, default=16, metavar="B", help="batch (default 16)")
     p.add_argument(
-        "--dtype", default="bf16", choices=("bf16", "fp16", "fp32"), help="storage dtype"
+        "--heads", type=int, default=_PLAN_DEFAULTS["heads"], metavar="NH", help="heads (default 1)"
+    )
+    p.add_argument(
+        "--batch", type=int, default=_PLAN_DEFAULTS["batch"], metavar="B", help="batch (default 16)"
+    )
+    p.add_argument(
+        "--dtype",
+        default=_PLAN_DEFAULTS["dtype"],
+        choices=("bf16", "fp16", "fp32"),
+        help="storage dtype",
     )
     p.add_argument(
         "--arch",
@@ -363,7 +374,7 @@ def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
     p.add_argument(
         "--density",
         type=_density,
-        default=1.0,
+        default=_PLAN_DEFAULTS["density"],
         metavar="D",
         help="the kernels of calls with a mask= (a sparse R) keeping this fraction of R in its "
         "fullest strip of units (default 1: dense)",

@@ -73,6 +73,14 @@ if TYPE_CHECKING:  # the kernels and the planner are imported on first use, in _
     from rnncc.variants.pieces import SlotCounts
 
 BACKENDS = ("auto", "reference", "stepwise", "fused")
+
+
+def check_backend(backend: object) -> None:
+    """A ``ValueError`` naming the backends where ``backend`` is none of them."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+
+
 #: The CUDA backends' storage dtypes, as the planner spells them.
 DTYPE_NAMES = {torch.float32: "fp32", torch.float16: "fp16", torch.bfloat16: "bf16"}
 _CUDA_DTYPES = tuple(DTYPE_NAMES)
@@ -251,8 +259,7 @@ class CompiledCell:
         """``__call__``, whose ``lengths`` may also be ``CheckedLengths`` (``rnncc.RNN``'s own,
         derived from a ``PackedSequence``: their values are not read)."""
         refuse_torch_func("a cell call")
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        check_backend(backend)
         R, mask = sparse_r(R, mask)
         sizes = validate(self.ir, Wx, R, b, states, params)
         reverse_from = validate_reverse(reverse, sizes.NH)
@@ -309,8 +316,7 @@ class CompiledCell:
             got = f"shape {list(Wx_t.shape)}" if isinstance(Wx_t, torch.Tensor) else "not a tensor"
             raise ValueError(f"Wx_t has {got}, expected [B, Gx={len(self.gx_names)}, NH, D]")
         R, _ = sparse_r(R, None)  # the step runs R's dense form
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {backend!r}")
+        check_backend(backend)
         if decodes(backend, Wx_t.device, Wx_t.dtype, lambda: (Wx_t, R, b, states, params)):
             sizes = validate(self.ir, Wx_t.unsqueeze(1), R, b, states, params)
             if states is None:

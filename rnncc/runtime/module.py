@@ -15,7 +15,6 @@ torch modules.
 
 from __future__ import annotations
 
-import contextlib
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
@@ -26,8 +25,8 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from rnncc.runtime.api import (
-    BACKENDS,
     CompiledCell,
+    check_backend,
     check_out,
     decodes,
     load_for_layer,
@@ -36,7 +35,14 @@ from rnncc.runtime.api import (
 )
 from rnncc.runtime.packing import packed_like, packed_rows, padded
 from rnncc.runtime.sparsity import is_density, magnitude_mask, validate_mask
-from rnncc.runtime.validate import CheckedLengths, Sizes, _shape, autocast_on, validate_lengths
+from rnncc.runtime.validate import (
+    CheckedLengths,
+    Sizes,
+    _shape,
+    autocast_off,
+    autocast_on,
+    validate_lengths,
+)
 from rnncc.runtime.weights import CellWeights, _cast, _Factory
 
 # Pickles made before weights.py name the masked R's class here.
@@ -257,8 +263,8 @@ class RNN(nn.Module):
             from rnncc.runtime.torch_compat import refuse_torch_weight_assignment
 
             refuse_torch_weight_assignment(self, name)
-        elif name == "backend" and value not in BACKENDS:  # the constructor's and later ones
-            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}; got {value!r}")
+        elif name == "backend":  # the constructor's and later ones
+            check_backend(value)
         super().__setattr__(name, value)
 
     def _load_from_state_dict(
@@ -331,9 +337,7 @@ class RNN(nn.Module):
         dirs = self.num_directions
         lasts: list[torch.Tensor] = []
         # Under autocast the casts are _run's own (to ctype), not autocast's per op.
-        device = x.device.type
-        off = torch.autocast(device, enabled=False) if autocast_on(device) else None
-        with off or contextlib.nullcontext():
+        with autocast_off(x.device.type):
             h = x
             for layer in range(self.num_layers):
                 if layer and self.dropout:

@@ -24,14 +24,13 @@ in float32 (like the kernels) and round results to the storage dtype.
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, cast, overload
 
 import torch
 
 from rnncc.ir.cell import BackwardCell, Cell
 from rnncc.ir.interpret import evaluate
-from rnncc.runtime.validate import autocast_on, refuse_batched_backward
+from rnncc.runtime.validate import autocast_off, refuse_batched_backward
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -344,9 +343,7 @@ def run_reference(
     order = _order(Wx, lengths, reverse_from)
     first = reverse_from or 0
     # in the inputs' dtypes, as the CUDA backends: autocast would run the products in 16 bits
-    device = Wx.device.type
-    off = torch.autocast(device, enabled=False) if autocast_on(device) else None
-    with off or contextlib.nullcontext():
+    with autocast_off(Wx.device.type):
         out = ReferenceFunction.apply(
             cell, bwd, _heads_in_order(Wx, order, 1, first), R, b, states, params, lengths
         )

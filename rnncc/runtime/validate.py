@@ -11,6 +11,7 @@ dtype, or device). The shapes a call takes (README, "Use it from PyTorch"):
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import NamedTuple, NoReturn
 
@@ -29,6 +30,14 @@ def autocast_on(device_type: str) -> bool:
     ``is_autocast_enabled`` raises). Not ``torch.amp.is_autocast_available``: torch.compile
     cannot trace it, and a ``fullgraph=True`` compile of a layer then fails."""
     return device_type != "meta" and torch.is_autocast_enabled(device_type)
+
+
+def autocast_off(device_type: str) -> contextlib.AbstractContextManager[object]:
+    """A context with autocast off for ``device_type`` where it is on (else one that does
+    nothing: entering torch.autocast costs a call its microseconds)."""
+    if autocast_on(device_type):
+        return torch.autocast(device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 #: Whether a tensor is batched by torch's older vmap (``torch.autograd.grad``'s
