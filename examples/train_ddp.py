@@ -74,18 +74,30 @@ def setup() -> tuple[int, int, torch.device]:
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def main() -> int:
+def positive(text: str) -> int:
+    """An argparse type: a count or size of at least 1 (with 0 steps or a 0 evaluation
+    interval the run would end without an evaluation and report the target missed)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--cell", default="lstm", help="an example cell (default lstm)")
-    parser.add_argument("--length", type=int, default=64, help="bits per string (default 64)")
-    parser.add_argument("--hidden", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=128, help="strings per rank and step")
+    parser.add_argument("--length", type=positive, default=64, help="bits per string (default 64)")
+    parser.add_argument("--hidden", type=positive, default=64)
+    parser.add_argument("--batch", type=positive, default=128, help="strings per rank and step")
     parser.add_argument("--lr", type=float, default=3e-3)
-    parser.add_argument("--steps", type=int, default=3000, help="at most this many steps")
+    parser.add_argument("--steps", type=positive, default=3000, help="at most this many steps")
     parser.add_argument("--target", type=float, default=0.99, help="held-out accuracy to reach")
-    parser.add_argument("--eval-every", type=int, default=50)
+    parser.add_argument("--eval-every", type=positive, default=50)
     parser.add_argument("--backend", default="auto")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     rank, world, device = setup()
     torch.manual_seed(0)  # the same initial weights on every rank
@@ -108,7 +120,7 @@ def main() -> int:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
-        if step % args.eval_every == 0:
+        if step % args.eval_every == 0 or step == args.steps:  # the last step evaluates too
             with torch.no_grad():
                 final = model(test_bits)[:, -1] > 0
             accuracy = (final == test_parity[:, -1].bool()).float().mean().item()

@@ -103,3 +103,23 @@ def test_train_ddp_example_runs_under_torchrun(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{WORLD} process(es) on cpu, lstm, 8 bits, batch 4" in proc.stdout
     assert "reached 0% held-out accuracy" in proc.stdout and "backend reference" in proc.stdout
+
+
+@pytest.mark.parametrize("flag", ["--steps", "--eval-every", "--length", "--batch", "--hidden"])
+@pytest.mark.parametrize("value", ["0", "-2"])
+def test_train_ddp_refuses_non_positive_counts(capsys, flag, value):
+    with pytest.raises(SystemExit) as exit_:
+        _example().main([flag, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert err.splitlines()[-1].endswith(
+        f": error: argument {flag}: must be a positive integer, got '{value}'"
+    )
+
+
+def test_train_ddp_evaluates_at_the_last_step(capsys, monkeypatch):
+    """Fewer steps than --eval-every: the run still ends with an evaluation."""
+    monkeypatch.delenv("RANK", raising=False)
+    argv = ["--steps", "1", "--eval-every", "50", "--length", "3", "--hidden", "2", "--batch", "2"]
+    assert _example().main([*argv, "--backend", "reference", "--target", "0"]) == 0
+    assert "step 1: loss" in capsys.readouterr().out
