@@ -11,6 +11,7 @@ cache), else on the CPU (the reference backend). Exits 1 when a result is off.
 
 from __future__ import annotations
 
+import argparse
 import copy
 import importlib
 import sys
@@ -91,8 +92,29 @@ def main(package: str) -> int:
     return 0
 
 
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The package folder; a .rnn file or any other path is a usage error naming what to pass."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "package", metavar="DIR", help="the package `rnncc compile FILE.rnn -o DIR` wrote"
+    )
+    args = parser.parse_args(argv)
+    path = Path(args.package)
+    if path.suffix == ".rnn":
+        out = f"build/{path.stem}_cell"
+        parser.error(
+            f"{args.package} is a cell's source, not a compiled package: run "
+            f"`rnncc compile {args.package} -o {out}` and pass {out}"
+        )
+    if not (path / "__init__.py").is_file():
+        parser.error(
+            f"{args.package} is not a compiled cell package (a folder with __init__.py, "
+            "as `rnncc compile FILE.rnn -o DIR` writes)"
+        )
+    return args
+
+
 if __name__ == "__main__":
-    if len(sys.argv) != 2:
-        print(__doc__, file=sys.stderr)
-        raise SystemExit(2)
-    raise SystemExit(main(sys.argv[1]))
+    raise SystemExit(main(parse_args().package))
