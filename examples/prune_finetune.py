@@ -25,6 +25,8 @@ import argparse
 import contextlib
 import copy
 import json
+import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -222,31 +224,104 @@ def mask_report(rnn: rnncc.RNN) -> dict:
     return {"kept_fraction": kept, "dropped_entries_zero": zero}
 
 
+def positive_int(text: str) -> int:
+    """An argparse type: a size or count of at least 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """An argparse type: a finite number above 0 (the learning rate)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (0.0 < value < math.inf):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
+
+
+def kept_fraction(text: str) -> float:
+    """An argparse type: ``prune_``'s density, checked before the dense training runs."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a kept fraction in (0, 1], got {text!r}")
+    return value
+
+
+def device_arg(text: str) -> torch.device:
+    """An argparse type: the CPU, or a CUDA device that is there."""
+    try:
+        device = torch.device(text)
+    except RuntimeError:
+        raise argparse.ArgumentTypeError(f"must be cpu or cuda, got {text!r}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu or cuda, got {text!r}")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise argparse.ArgumentTypeError(f"{text!r}: CUDA is not available here")
+        if device.index is not None and device.index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA device(s)")
+    return device
+
+
+def output_file(text: str) -> Path:
+    """An argparse type: a file the results can be written to at the end, checked before the
+    training (which takes minutes) rather than after it."""
+    path = Path(text)
+    if not text:
+        raise argparse.ArgumentTypeError("must name a file, got ''")
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder, not a file to write")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: no folder {str(path.parent)!r} to write it in")
+    if not os.access(path if path.exists() else path.parent, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text!r}: not writable")
+    return path
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     cuda = torch.cuda.is_available()
-    parser.add_argument("--device", default="cuda" if cuda else "cpu", help="cuda if there is one")
+    parser.add_argument(
+        "--device", type=device_arg, default="cuda" if cuda else "cpu", help="cuda if there is one"
+    )
     parser.add_argument("--small", action="store_true", help="the tiny configuration (CPU: always)")
     for name, kind, what in (
-        ("hidden", int, "LSTM units"),
-        ("embed", int, "embedding size, the layer's input"),
-        ("seq_len", int, "tokens per string"),
-        ("batch", int, "strings per training step"),
-        ("steps", int, "dense training steps"),
-        ("finetune_steps", int, "training steps after pruning"),
-        ("lr", float, "Adam's learning rate"),
-        ("time_batch", int, "batch of the timing"),
-        ("time_seq_len", int, "time steps of the timing"),
+        ("hidden", positive_int, "LSTM units"),
+        ("embed", positive_int, "embedding size, the layer's input"),
+        ("seq_len", positive_int, "tokens per string"),
+        ("batch", positive_int, "strings per training step"),
+        ("steps", positive_int, "dense training steps"),
+        ("finetune_steps", positive_int, "training steps after pruning"),
+        ("lr", positive_float, "Adam's learning rate"),
+        ("time_batch", positive_int, "batch of the timing"),
+        ("time_seq_len", positive_int, "time steps of the timing"),
     ):
         flag = "--" + name.replace("_", "-")
         parser.add_argument(flag, type=kind, help=f"{what} ({LARGE[name]}; tiny: {SMALL[name]})")
-    parser.add_argument("--density", type=float, default=0.3, help="R's kept fraction (0.3)")
+    parser.add_argument(
+        "--density", type=kept_fraction, default=0.3, help="R's kept fraction (0.3)"
+    )
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", metavar="PATH", help="write the results here as JSON")
-    parser.add_argument("--save", metavar="PATH", help="save the pruned model's state_dict here")
+    parser.add_argument(
+        "--json", type=output_file, metavar="PATH", help="write the results here as JSON"
+    )
+    parser.add_argument(
+        "--save", type=output_file, metavar="PATH", help="save the pruned model's state_dict here"
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when the goal is missed")
     args = parser.parse_args(argv)
-    device = torch.device(args.device)
+    device = args.device
     small = args.small or device.type == "cpu"
     if device.type == "cpu":
         # Tensors this small gain nothing from threads, which slow down on a busy machine.
@@ -261,8 +336,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{'bf16 autocast' if device.type == 'cuda' else 'float32'}"
     )
     tokens, depths = brackets(TRAIN + TEST, args.seq_len, args.seed)
-    start = "".join(TOKENS[t] for t in tokens[0, :12])
-    print(f"the first string starts {start}, depth {depths[0, 11]} after it")
+    shown = min(12, args.seq_len)
+    start = "".join(TOKENS[t] for t in tokens[0, :shown])
+    print(f"the first string starts {start}, depth {depths[0, shown - 1]} after it")
     data = tuple(
         t.to(device) for t in (tokens[:TRAIN], depths[:TRAIN], tokens[TRAIN:], depths[TRAIN:])
     )
@@ -341,7 +417,7 @@ def main(argv: list[str] | None = None) -> int:
             "training_variant": {"dense": dense_variant, "pruned": pruned_variant},
             "timing": timing,
         }
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        args.json.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     return 1 if args.check and not met else 0
 
 
