@@ -252,6 +252,13 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def _named(text: str) -> str:
+    """An argparse type for --arch and --device: an empty name would read as not given."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"must name a GPU or an arch, got {text!r}")
+    return text
+
+
 def _density(text: str) -> float:
     try:
         value = float(text)
@@ -273,6 +280,10 @@ def _plan_for(cell: Cell, args: argparse.Namespace) -> Plan:
         raise RnnccError(f"--hidden {hidden} is not a positive multiple of --heads {heads}")
     if args.batch < 1:
         raise RnnccError(f"--batch must be positive, got {args.batch}")
+    if args.density < 1.0 and not cell.gr_names:
+        raise RnnccError(
+            f"--density {args.density:g}: cell '{cell.name}' has no R (no 'R h' term) to prune"
+        )
     caps = _target_caps(args) or caps_for_device()
     problem = Problem.from_cell(
         cell,
@@ -356,11 +367,13 @@ def _size_arguments(p: argparse.ArgumentParser, *, required: bool) -> None:
     )
     p.add_argument(
         "--arch",
+        type=_named,
         metavar="ARCH",
         help="target GPU: sm_90, h100, h100-pcie, h200, a100, l40s, ... (default: this GPU)",
     )
     p.add_argument(
         "--device",
+        type=_named,
         metavar="NAME",
         help='target GPU by name, as torch reports it: "A100 80GB", "L40S", "RTX 4090", '
         '"H100 PCIe" (its SMs, shared memory, registers; with --arch, the two must agree)',

@@ -414,6 +414,31 @@ def test_plan_usage_errors(capsys) -> None:
     assert rc == 1 and err.startswith("rnncc: error: ") and "z80" in err
 
 
+@pytest.mark.parametrize("cell", ["lru", "mingru", "minlstm", "indrnn", "sru"])
+def test_plan_density_needs_an_r_to_prune(capsys, tmp_path: Path, cell: str) -> None:
+    path = REPO / "examples" / f"{cell}.rnn"
+    sizes = ["--hidden", "64", "--arch", "h100", "--density", "0.5"]
+    message = f"rnncc: error: --density 0.5: cell '{cell}' has no R (no 'R h' term) to prune\n"
+    assert run(capsys, "plan", path, *sizes) == (1, "", message)
+    assert run(capsys, "compile", path, "-o", tmp_path / "pkg", *sizes) == (1, "", message)
+    assert not (tmp_path / "pkg").exists()
+    rc, _, err = run(capsys, "plan", path, "--hidden", "64", "--arch", "h100")  # dense: fine
+    assert (rc, err) == (0, "")
+
+
+@pytest.mark.parametrize("command", ["plan", "compile"])
+@pytest.mark.parametrize("option", ["--arch", "--device"])
+@pytest.mark.parametrize("value", ["", " "])
+def test_empty_target_is_refused(capsys, tmp_path: Path, command, option, value) -> None:
+    argv = [command, REPO / "examples" / "lstm.rnn", "--hidden", "64", option, value]
+    argv += ["-o", tmp_path / "pkg"] if command == "compile" else []
+    rc, out, err = run(capsys, *argv)
+    assert (rc, out) == (2, "")
+    assert err.splitlines()[-1] == (
+        f"rnncc {command}: error: argument {option}: must name a GPU or an arch, got {value!r}"
+    )
+
+
 @pytest.mark.parametrize(
     ("device", "arch", "header"),
     [
