@@ -439,6 +439,18 @@ def test_empty_target_is_refused(capsys, tmp_path: Path, command, option, value)
     )
 
 
+def test_plan_json_carries_the_note_on_other_dtypes(capsys) -> None:
+    """The text's line on the variants that do not store the dtype is in the JSON too."""
+    import json
+
+    argv = ["plan", REPO / "examples" / "lstm.rnn", "--hidden", "64", "--arch", "h100"]
+    note = "block_ffma: store fp32 only, not bf16"
+    rc, out, _ = run(capsys, *argv)
+    assert rc == 0 and f"  other       {note}" in out.splitlines()
+    rc, out, _ = run(capsys, *argv, "--json")
+    assert rc == 0 and json.loads(out)["other_dtypes"] == [note]
+
+
 @pytest.mark.parametrize(
     ("device", "arch", "header"),
     [

@@ -124,6 +124,8 @@ class Plan:
                 {"variant": a.variant, "forward_us": a.forward_us, "binding": list(a.binding)}
                 for a in self.alternatives
             ],
+            # why the variants missing from the alternatives are missing (explain()'s lines)
+            "other_dtypes": other_dtypes(self.problem),
         }
 
     def explain(self) -> str:
