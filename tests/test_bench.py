@@ -244,6 +244,18 @@ def test_cli_errors_are_one_clear_line(args, message, capsys):
     assert message in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "0", "-5", "soon"])
+def test_cli_refuses_a_loop_limit_that_is_not_a_positive_time(value, capsys):
+    argv = ["bench", str(EXAMPLES / "lstm.rnn"), "--hidden", "8", f"--max-loop-seconds={value}"]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.splitlines()[-1] == (
+        "rnncc bench: error: argument --max-loop-seconds: "
+        f"must be a positive number of seconds, got {value!r}"
+    )
+
+
 def test_cli_prints_dsl_errors_like_check(tmp_path, capsys):
     bad = tmp_path / "bad.rnn"
     bad.write_text("cell x(h) {\n    gates a = W x + R h\n    h = sigmod(a)\n}\n")

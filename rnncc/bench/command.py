@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import math
 import platform
 import re
 import sys
@@ -284,6 +285,18 @@ def run_system(
     ]
 
 
+def _seconds(text: str) -> float:
+    """An argparse type for --max-loop-seconds: a finite time above 0 (nan compares false
+    with every estimate, so it would never skip the loop)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
+
+
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add ``bench`` to an argparse subparsers object; its ``func`` default is ``run``."""
     p: argparse.ArgumentParser = subparsers.add_parser(
@@ -322,7 +335,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-loop-seconds",
-        type=float,
+        type=_seconds,
         default=120.0,
         help="skip the PyTorch loop when its estimated time is longer (default 120)",
     )
