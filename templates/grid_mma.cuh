@@ -286,7 +286,7 @@ struct Kernels : MmaCommon<C> {
       for (int q = 0; q < kQ; ++q) {
         const int gb = b0 + r0 + q;
         const bool live = unit && gb < a.B;
-        const long long step_off = (long long)(kTimeline ? rnncc::position(len(q), rnncc::reversed(a, n), tc) : tc) * kGx * NHD;
+        const long long step_off = (long long)(kTimeline ? rnncc::read_position(len(q), rnncc::reversed(a, n), tc) : tc) * kGx * NHD;
         const long long at = (long long)gb * a.T * kGx * NHD + (long long)n * kD + d + step_off;
         const auto* Wx = static_cast<const typename rnncc::Operand<T>::Bits*>(a.Wx) + (live ? at : 0);
 #pragma unroll
@@ -679,7 +679,9 @@ struct Kernels : MmaCommon<C> {
     typedef StepInputs<T> Inputs;
     const long long yO = (long long)a.B * a.T * NHD;
     auto load_inputs = [&](const int t, Inputs& in) {
-      if (t >= 0 && cell) load_step_inputs(a, t, kTimeline ? rnncc::signed_position(len, t) : t, n, gb, d0, in);
+      // a held step's W x and dy (past the row's length: unused) from element 0 (position -1),
+      // in L2: a reversed row's positions past its length are not prefetched
+      if (t >= 0 && cell) load_step_inputs(a, t, kTimeline ? (t < abs(len) ? rnncc::signed_position(len, t) : -1) : t, n, gb, d0, in);
     };
     const int units = kD - d_blk < kUnits ? kD - d_blk : kUnits;
     // Step t's inputs of this block's units into L2: the addresses of step 0, moved per step.

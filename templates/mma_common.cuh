@@ -111,15 +111,17 @@ struct MmaCommon {
   // Step t's inputs of the lane (batch row gb of head n, units d0 and d0 + 1). The loads are
   // unconditional, as in the forwards' W x loads: masked elements read element 0; a lane's
   // two elements are adjacent units (get2).
-  // W x and dy are read at position p of the row (t, or the row's position of step t).
+  // W x and dy are read at position p of the row (t, or the row's position of step t); p < 0
+  // (a held step, whose are unused) reads them from element 0.
   template <typename T>
   static __device__ __forceinline__ void load_step_inputs(const rnncc_fused_bwd_args& a, const int t, const int p,
                                                    const int n, const int gb, const int d0, StepInputs<T>& in) {
     const long long NHD = (long long)a.NH * kD, yO = (long long)a.B * a.T * NHD;
     const long long row = ((long long)t * a.NH + n) * a.B + gb;
     const bool live = d0 < kD && gb < a.B, hi = d0 + 1 < kD;
-    const long long x_at = live ? (((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD + d0 : 0;
-    const long long y_at = live ? ((long long)gb * a.T + p) * NHD + (long long)n * kD + d0 : 0;
+    const bool at_p = live && p >= 0;
+    const long long x_at = at_p ? (((long long)gb * a.T + p) * kGx) * NHD + (long long)n * kD + d0 : 0;
+    const long long y_at = at_p ? ((long long)gb * a.T + p) * NHD + (long long)n * kD + d0 : 0;
     const long long s_at = live ? ((long long)t * kS * a.NH + n) * a.B * kD + (long long)gb * kD + d0 : 0;
     const long long rh_at = live ? row * kRows + d0 : 0;
 #pragma unroll

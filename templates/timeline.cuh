@@ -23,6 +23,13 @@ __device__ __forceinline__ int position(const int L, const bool reverse, const i
   return reverse && t < L ? L - 1 - t : t;
 }
 
+// Where step t reads the row's inputs (W x): position(L, reverse, t) while t < L; a held step's
+// go unused, and a reversed row's read its position 0, in L2 (its positions past L are not
+// prefetched: reading them costs a step an HBM load).
+__device__ __forceinline__ int read_position(const int L, const bool reverse, const int t) {
+  return reverse ? (t < L ? L - 1 - t : 0) : t;
+}
+
 // A row's length L and direction in one int, where registers are short: -L in a reversed
 // head, else L (L >= 1); abs() gives L back, signed_position the step's position.
 __device__ __forceinline__ int signed_length(const int L, const bool reverse) { return reverse ? -L : L; }
