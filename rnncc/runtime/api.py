@@ -315,6 +315,11 @@ class CompiledCell:
         if not isinstance(Wx_t, torch.Tensor) or Wx_t.dim() != 4:
             got = f"shape {list(Wx_t.shape)}" if isinstance(Wx_t, torch.Tensor) else "not a tensor"
             raise ValueError(f"Wx_t has {got}, expected [B, Gx={len(self.gx_names)}, NH, D]")
+        if Wx_t.shape[1] != len(self.gx_names):  # here: validate would name Wx [B, T, ...]
+            raise ValueError(
+                f"Wx_t has shape {list(Wx_t.shape)}, expected [B, Gx={len(self.gx_names)}, NH, D] "
+                f"(the W x gates of cell '{self.ir.name}': {', '.join(self.gx_names) or 'none'})"
+            )
         R, _ = sparse_r(R, None)  # the step runs R's dense form
         check_backend(backend)
         if decodes(backend, Wx_t.device, Wx_t.dtype, lambda: (Wx_t, R, b, states, params)):

@@ -33,7 +33,7 @@ from rnncc.runtime.api import (
     no_out,
     refuse_torch_func,
 )
-from rnncc.runtime.packing import packed_like, packed_rows, padded
+from rnncc.runtime.packing import packed_like, packed_rows, padded, zero_past
 from rnncc.runtime.sparsity import is_density, magnitude_mask, validate_mask
 from rnncc.runtime.validate import (
     CheckedLengths,
@@ -292,9 +292,16 @@ class RNN(nn.Module):
         x: torch.Tensor | PackedSequence,
         states: States | None = None,
         lengths: torch.Tensor | Sequence[int] | None = None,
+        *,
+        hx: States | None = None,
     ) -> tuple[torch.Tensor | PackedSequence, torch.Tensor]:
-        """``(out, last)``; docs/api.md gives the shapes."""
+        """``(out, last)``; docs/api.md gives the shapes. ``hx``: ``states`` by
+        ``nn.LSTM``'s keyword."""
         refuse_torch_func("an RNN call")
+        if hx is not None:
+            if states is not None:
+                raise TypeError("RNN.forward: pass the initial states as states or as hx, not both")
+            states = hx
         if isinstance(x, torch.Tensor) and x.dim() == 2:  # one sequence, as nn.LSTM takes it
             return self._one_sequence(x, states, lengths)
         packed = x if isinstance(x, PackedSequence) else None
@@ -327,12 +334,19 @@ class RNN(nn.Module):
             rows = checked
         elif lengths is not None:
             if not isinstance(lengths, torch.Tensor):
-                lengths = torch.as_tensor(lengths)
+                try:
+                    lengths = torch.as_tensor(lengths)
+                except (TypeError, ValueError, RuntimeError) as err:
+                    raise ValueError(
+                        f"lengths must be [B={B}] integers in 1..T={T}, got {lengths!r}"
+                    ) from err
                 if not lengths.numel():  # `[]` for an empty batch: as_tensor makes it float
                     lengths = lengths.long()
             # Kept on the CPU: each direction's cell call checks them there and copies them
             # to the GPU without a synchronisation.
-            rows = validate_lengths(lengths, B, T, torch.device("cpu"))
+            checked_rows = validate_lengths(lengths, B, T, torch.device("cpu"))
+            x = zero_past(x, checked_rows)
+            rows = checked_rows
         init = self._initial_states(states, x, ctype)
         dirs = self.num_directions
         lasts: list[torch.Tensor] = []
@@ -349,7 +363,8 @@ class RNN(nn.Module):
             last = torch.cat(lasts, dim=1)
             if packed is not None:
                 return packed_like(h, index, T_packed, packed), last
-        return (h if self.batch_first else h.transpose(0, 1)), last
+        # time-major as nn.LSTM's: contiguous (callers merge T and B with view)
+        return (h if self.batch_first else h.transpose(0, 1).contiguous()), last
 
     def _one_sequence(
         self,
@@ -627,7 +642,13 @@ class RNN(nn.Module):
             raise ValueError(f"x is on {x.device}, expected {p.device} like the layer's weights")
         dtype = x.dtype if p is None else p.dtype
         if dtype == torch.float32 and autocast_on(device := x.device.type):
-            return torch.get_autocast_dtype(device)
+            ctype = torch.get_autocast_dtype(device)
+            if x.dtype not in (dtype, ctype):
+                raise ValueError(
+                    f"x has dtype {x.dtype}, expected {dtype} like the layer's weights or "
+                    f"{ctype} (autocast's)"
+                )
+            return ctype
         if x.dtype != dtype:
             raise ValueError(f"x has dtype {x.dtype}, expected {dtype} like the layer's weights")
         return dtype
@@ -675,23 +696,35 @@ class RNN(nn.Module):
                         f"states[{i}] ({name}) has dtype {s.dtype}, expected {states[0].dtype} "
                         f"like states[0] ({names[0]})"
                     )
-            states = torch.stack(list(states))
+            self._check_states_dtype(states[0], x, ctype)  # before autocast's stack sees it
+            with autocast_off(x.device.type):
+                states = torch.stack(list(states))
         elif not isinstance(states, torch.Tensor):
             raise ValueError(
                 f"states must be a tensor {legend()} or a tuple, got {type(states).__name__}"
             )
-        elif S == 1 and states.dim() == 3:
-            states = states.unsqueeze(0)  # h0 of nn.GRU and nn.RNN
+        elif S == 1 and states.dim() == 3:  # h0 of nn.GRU and nn.RNN
+            if tuple(states.shape) != (K, B, H):
+                raise ValueError(
+                    f"states (h0) has shape {_shape(states)}, expected {one()} (or {legend()})"
+                )
+            states = states.unsqueeze(0)
         if tuple(states.shape) != (S, K, B, H):
             raise ValueError(f"states has shape {_shape(states)}, expected {legend()}")
         if states.device != x.device:
             raise ValueError(f"states is on {states.device}, expected {x.device} like x")
+        self._check_states_dtype(states, x, ctype)
+        return states
+
+    def _check_states_dtype(
+        self, states: torch.Tensor, x: torch.Tensor, ctype: torch.dtype
+    ) -> None:
+        """Initial states run in the compute dtype; also taken in the weights' (autocast)."""
         if states.dtype != ctype and states.dtype != self._weights_dtype(x):
             raise ValueError(
                 f"states has dtype {states.dtype}, expected {self._weights_dtype(x)} like the "
                 "layer's weights"
             )
-        return states
 
     def extra_repr(self) -> str:
         parts = [

@@ -58,3 +58,15 @@ def packed_like(
     returns a packed output; one gather."""
     data = out[:, :T].reshape(-1, out.shape[-1]).index_select(0, index)
     return PackedSequence(data, like.batch_sizes, like.sorted_indices, like.unsorted_indices)
+
+
+def zero_past(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Padded ``x`` ``[B, T, I]`` with 0 past each row's length (``lengths``: checked, on the
+    CPU): the input projection runs over every position, and whatever the padding holds (a
+    NaN, an inf) would reach the weights' gradient through the zero cotangent there. ``x``
+    itself where every row is whole."""
+    T = x.shape[1]
+    if not len(lengths) or int(lengths.min()) == T:
+        return x
+    keep = torch.arange(T) < lengths[:, None]
+    return torch.where(moved(keep, x.device)[..., None], x, 0)

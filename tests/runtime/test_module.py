@@ -139,6 +139,8 @@ def test_batch_first_false() -> None:
     assert out2.shape == (T, B, H) and last2.shape == (2, 1, B, H)
     torch.testing.assert_close(out2, out1.transpose(0, 1))
     torch.testing.assert_close(last2, last1)
+    assert out2.is_contiguous()  # as nn.LSTM's: time-major code merges T and B with view
+    torch.testing.assert_close(out2.view(T * B, H), out1.transpose(0, 1).reshape(T * B, H))
 
 
 def test_bias_false() -> None:
@@ -365,6 +367,27 @@ def test_states_as_torch_takes_them() -> None:
     lstm = layer("lstm", num_layers=2)
     h0, c0 = torch.randn(2, 2, B, H)
     torch.testing.assert_close(lstm(x, (h0, c0)), lstm(x, torch.stack([h0, c0])))
+    torch.testing.assert_close(lstm(x, hx=(h0, c0)), lstm(x, (h0, c0)))  # nn.LSTM's keyword
+    with pytest.raises(TypeError, match="as states or as hx, not both"):
+        lstm(x, (h0, c0), hx=(h0, c0))
+
+
+def test_padding_past_the_lengths_reaches_no_gradient() -> None:
+    """A NaN in the padding stayed out of out and last but reached the input projection's
+    weight gradient through the zero cotangent there."""
+    m = layer("lstm", num_layers=2, bidirectional=True, backend="reference")
+    x = torch.randn(B, T, IN)
+    dirty = x.clone()
+    dirty[1, 1:] = float("nan")
+    dirty[2, 2:] = float("inf")
+    outs = []
+    for given in (x, dirty):
+        m.zero_grad()
+        out, last = m(given.requires_grad_(), lengths=[4, 1, 2])
+        (out.square().sum() + last.sum()).backward()
+        assert torch.isfinite(given.grad).all()
+        outs.append((out, last, [p.grad.clone() for p in m.parameters()]))
+    torch.testing.assert_close(outs[0], outs[1])
 
 
 def _raises(message: str, fn, *args, **kwargs) -> None:
@@ -419,6 +442,15 @@ def test_wrong_states_lengths_and_packed_input() -> None:
         x.double(),
     )
     _raises(
+        "lengths must be [B=3] integers in 1..T=4, got [4, None, 2]", m, x, lengths=[4, None, 2]
+    )
+    _raises(
+        "lengths must be [B=3] integers in 1..T=4, got ['4', '1', '2']",
+        m,
+        x,
+        lengths=["4", "1", "2"],
+    )
+    _raises(
         "lengths has shape [2] (dtype torch.int64, on cpu), expected [B=3] integers in 1..T=4",
         m,
         x,
@@ -446,6 +478,37 @@ def test_wrong_states_lengths_and_packed_input() -> None:
         m,
         wide,
     )
+    gru = layer("gru", num_layers=2)  # h0 [L, B, H] named by the shape given
+    _raises(
+        "states (h0) has shape [2, 3, 7], expected [num_layers*num_directions=2, B=3, "
+        "hidden_size=6] (or [S=1 (h), num_layers*num_directions=2, B=3, hidden_size=6])",
+        gru,
+        x,
+        torch.zeros(2, B, H + 1),
+    )
+
+
+def test_autocast_refuses_what_nn_lstm_refuses() -> None:
+    """Under autocast x was cast whatever its dtype (token ids ran), and a tuple of states of
+    another 16-bit dtype failed inside autocast's stack."""
+    m = layer("lstm", num_layers=2, bidirectional=True, backend="reference")
+    x = torch.randn(B, T, IN)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        for bad in (x.long(), x.bool(), x.double(), x.half()):
+            _raises(
+                f"x has dtype {bad.dtype}, expected torch.float32 like the layer's weights or "
+                "torch.bfloat16 (autocast's)",
+                m,
+                bad,
+            )
+        h0 = torch.zeros(4, B, H, dtype=torch.float16)
+        _raises(
+            "states has dtype torch.float16, expected torch.float32 like the layer's weights",
+            m,
+            x,
+            (h0, h0),
+        )
+        assert m(x.bfloat16(), (h0.bfloat16(), h0.bfloat16()))[0].dtype == torch.bfloat16
 
 
 def test_bad_options() -> None:

@@ -75,6 +75,10 @@ def test_step_rejects_bad_input() -> None:
     x = random_inputs(cell.ir, 2, 1, 1, 3)
     with pytest.raises(ValueError, match=r"Wx_t has shape \[2, 1, 4, 1, 3\], expected \[B, Gx=4"):
         cell.step(x["Wx"], x["R"], x["b"])
+    with pytest.raises(
+        ValueError, match=r"Wx_t has shape \[2, 3, 1, 3\], expected \[B, Gx=4, NH, D\]"
+    ):
+        cell.step(x["Wx"][:, 0, :3], x["R"], x["b"])
     with pytest.raises(ValueError, match="states"):
         cell.step(x["Wx"][:, 0], x["R"], x["b"], x["states"][:, :1])
     with pytest.raises(ValueError, match="states"):
