@@ -184,7 +184,11 @@ def test_missing_file(capsys, tmp_path: Path) -> None:
     rc, out, err = run(capsys, "check", missing)
     assert (rc, out) == (1, "")
     assert err == f"rnncc: error: {missing}: cannot read: No such file or directory\n"
-    for command in (["show", missing], ["compile", missing, "-o", tmp_path / "pkg"]):
+    for command in (
+        ["show", missing],
+        ["compile", missing, "-o", tmp_path / "pkg"],
+        ["bench", missing, "--hidden", "8"],  # bench printed it without "rnncc: error:"
+    ):
         assert run(capsys, *command) == (1, "", err)
     assert not (tmp_path / "pkg").exists()
 

@@ -357,6 +357,7 @@ def summary(r: Record) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Time the systems and print the table; 0 when at least one system was measured."""
+    from rnncc.errors import SourceReadError
     from rnncc.runtime.api import load
 
     if args.heads < 1 or args.hidden < 1 or args.hidden % args.heads:
@@ -372,8 +373,8 @@ def run(args: argparse.Namespace) -> int:
     t0 = time.perf_counter()
     try:
         cell = load(args.file, cell=args.cell)
-    except OSError as err:
-        raise RnnccError(f"{args.file}: cannot read: {err.strerror or err}") from None
+    except SourceReadError as err:  # the tool's error, as every command's (cli._read)
+        raise RnnccError(str(err)) from None
     except ValueError as err:  # no such cell in the file
         raise RnnccError(str(err)) from None
     load_s = time.perf_counter() - t0

@@ -10,7 +10,8 @@ temporaries, cells); projection statements after an assignment; projection terms
 different states); unknown names and functions (with a "did you mean"); wrong arity;
 comparisons outside the first argument of ``where``; a non-constant ``**`` exponent; a state
 never assigned or assigned twice; assignments to gates, params or consts; ``const`` without a
-value; bad ``output`` lists; numbers that float32 would hold as inf or 0. Warnings: gates,
+value; bad ``output`` lists; numbers that float32 would hold as inf or 0; cell names longer than
+``MAX_CELL_NAME``. Warnings: gates,
 params and temporaries never used. Expressions are walked iteratively, so their depth has no
 limit.
 
@@ -41,6 +42,11 @@ RESERVED_NAMES = {
     "x": "'x' is reserved for the input (as in 'W x')",
     "b": "'b' is reserved for the bias (as in '+ b')",
 }
+
+#: The longest cell name: it names the generated sources and libraries
+#: ("{name}_grid_sparse_d4224.cu", "rnncc_{name}_..."), which must fit the file system's
+#: 255 bytes a name.
+MAX_CELL_NAME = 64
 
 
 @dataclass
@@ -129,6 +135,14 @@ class _CellLowering:
                 cell.name.span,
                 f"cell '{cell.name.name}' has no states",
                 "declare them: cell name(h, c)",
+            )
+        if len(cell.name.name) > MAX_CELL_NAME:
+            self.error(
+                cell.name.span,
+                f"the cell's name is {len(cell.name.name)} characters long, at most "
+                f"{MAX_CELL_NAME}",
+                "it names the generated files and libraries (lstm_grid_mma_d768.cu), whose "
+                "names the file system limits",
             )
 
         first_assign: Span | None = None

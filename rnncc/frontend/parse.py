@@ -70,9 +70,15 @@ class _ParenNewlines:
                 depth += 1
             elif tok.type == "RPAR":
                 depth = max(0, depth - 1)
-            elif tok.type == "_SEP" and depth > 0 and ";" not in tok:
+            elif tok.type == "_SEP" and depth > 0 and not _has_semicolon(tok):
                 continue
             yield tok
+
+
+def _has_semicolon(sep: str) -> bool:
+    """Whether a separator token (newlines, ';' and the comments between them) holds a ';'
+    outside its comments."""
+    return ";" in re.sub(r"#[^\n]*", "", sep)
 
 
 @functools.cache
@@ -201,7 +207,7 @@ def _describe_token(tok: Token) -> str:
     if tok.type == "$END":
         return "end of file"
     if tok.type == "_SEP":
-        return "end of line" if ";" not in tok else "';'"
+        return "';'" if _has_semicolon(tok) else "end of line"
     return f"'{tok}'"
 
 

@@ -158,10 +158,11 @@ _ROWS: tuple[OpDef, ...] = (
         PREC_MUL,
         "/",
         torch.div,
-        # torch: self: grad / other; other: -grad * self / (other * other)
+        # torch: self: grad / other; other: -grad * ((self / other) / other), the quotient
+        # n itself (other * other would overflow or underflow where the quotient does not)
         lambda n, g: (
             N("div", g, n.src[1]),
-            N("div", N("mul", N("neg", g), n.src[0]), N("mul", n.src[1], n.src[1])),
+            N("mul", N("neg", g), N("div", n, n.src[1])),
         ),
         mufu=1,
         alu=3,

@@ -42,6 +42,10 @@ def _is_const(node: Node, value: float | None = None) -> bool:
     return node.op == "const" and (value is None or node.arg == value)
 
 
+def _is_signed_zero(node: Node, *, negative: bool) -> bool:
+    return _is_const(node, 0.0) and (math.copysign(1.0, node.arg) < 0) == negative
+
+
 def _fold_value(node: Node) -> float | None:
     """The value of an op over constant operands, or None when it does not fold."""
     row = OPS[node.op]
@@ -70,13 +74,14 @@ def simplify_node(node: Node) -> Node:
     if folded is not None:
         return Node("const", (), folded, name=node.name, span=node.span)
     op, src = node.op, node.src
+    # x + (-0) and x - (+0) are x for every x; x + (+0) is not where x is -0 (it is +0)
     if op == "add":
-        if _is_const(src[1], 0.0):
+        if _is_signed_zero(src[1], negative=True):
             return src[0]
-        if _is_const(src[0], 0.0):
+        if _is_signed_zero(src[0], negative=True):
             return src[1]
     elif op == "sub":
-        if _is_const(src[1], 0.0):
+        if _is_signed_zero(src[1], negative=False):
             return src[0]
     elif op == "mul":
         if _is_const(src[1], 1.0):

@@ -86,3 +86,20 @@ def test_ties_in_random_data_do_not_break_max():
     leaves[("gate", "c")][:, ::2] = leaves[("gate", "a")][:, ::2]
     assert backward_vs_autograd(cell, leaves) <= 1e-12
     assert torch.isfinite(leaves[("gate", "c")]).all()
+
+
+def test_division_gradient_as_torch_where_the_divisor_squared_leaves_float32():
+    """a / z's gradient in z was -g * a / (z * z): 0 where z * z overflows float32 (z = 2e19)
+    and off by the subnormal rounding where it underflows (z = 1e-20); PyTorch's is
+    -g * ((a / z) / z)."""
+    import rnncc
+
+    cell = rnncc.loads("cell c(h) { gates a, z = W x; h = a / z }")
+    Wx = torch.tensor([3e19, 2e19, 1e-20, 1e-20]).view(2, 1, 2, 1, 1).requires_grad_()
+    y, _ = cell(Wx, backend="reference")
+    y.sum().backward()
+    a, z = Wx.detach()[:, 0, 0], Wx.detach()[:, 0, 1]
+    a.requires_grad_(), z.requires_grad_()
+    (a / z).sum().backward()
+    torch.testing.assert_close(Wx.grad[:, 0, 1], z.grad, rtol=0, atol=0)
+    assert (Wx.grad[:, 0, 1] != 0).all()

@@ -717,3 +717,12 @@ def test_unexpected_end_of_file_after_a_line_separator():
         "        h = h # a b",
         "                   ^",
     ]
+
+
+def test_a_cell_name_too_long_for_the_files_it_names():
+    """A name of 300 letters passed `rnncc check` and broke `compile` halfway (the file
+    system refused kernels/{name}_stepwise.cu after the package folder existed)."""
+    ok = "a" * 64
+    compile_source(f"cell {ok}(h) {{\n    h = h\n}}\n", PATH)
+    err = one_error(f"cell {ok}b(h) {{\n    h = h\n}}\n", 1, 6, "65 characters long")
+    assert err.message == "the cell's name is 65 characters long, at most 64"

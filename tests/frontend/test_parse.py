@@ -132,11 +132,11 @@ def test_no_newline_at_end_of_file_and_crlf():
 def test_newlines_inside_parentheses_are_ignored():
     src = """\
 cell f(
-    h,
+    h,    # one; the other
     c = 1
 ) {
     h = max(
-        c,       # comment inside parentheses
+        c,       # comment inside parentheses; a ';' in it is comment text
         tanh(h +
              1)
     )
@@ -156,6 +156,12 @@ def test_newline_outside_parentheses_ends_the_statement():
     err = info.value.diagnostics[0]
     assert (err.span.line, err.span.col) == (2, 12)
     assert "unexpected end of line" in err.message
+
+
+def test_a_semicolon_in_a_comment_ends_nothing():
+    with pytest.raises(DslError) as info:
+        compile_source("cell f(h) {\n    h = h +   # eq. 3; see\n        1\n}\n", "t.rnn")
+    assert "unexpected end of line" in info.value.diagnostics[0].message
 
 
 def test_semicolon_inside_parentheses_is_an_error():
@@ -255,7 +261,11 @@ def test_unary_minus_as_an_operand():
 
 def test_constant_folding():
     assert update("1 + 2 * 3 - 4 / 2") == C(5)
-    assert update("a + 0") == S("a")
+    # x - 0 and x + (-0) are x for every x; x + 0 is not where x is -0 (it gives +0)
+    assert update("a - 0") == S("a")
+    assert update("a + -0") == S("a")
+    assert update("a + 0") == N("add", S("a"), C(0))
+    assert update("0 + a") == N("add", C(0), S("a"))
     assert update("1 * a") == S("a")
     assert update("a ** 1") == S("a")
     assert update("- -a") == S("a")

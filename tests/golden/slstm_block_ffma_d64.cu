@@ -109,7 +109,7 @@ struct Cell {
     const float v_t5 = dn_c + v_t3 * v_t4;
     const float v_t6 = rnncc_tanh(g_z);
     const float v_t7 = v_fg * s_c + v_ig * v_t6;
-    const float v_t8 = dn_n + -v_t0 * (v_t4 * v_t7) / (v_t2 * v_t2);
+    const float v_t8 = dn_n + -v_t0 * (v_t4 * v_t7 / v_t2 / v_t2);
     const float v_t9 = (v_t8 * s_n + v_t5 * s_c) * v_fg;
     const float v_t10 = (v_t8 + v_t5 * v_t6) * v_ig;
     const float v_t11 = dn_m + -v_t10 + -v_t9;
