@@ -10,10 +10,9 @@ temporaries, cells); projection statements after an assignment; projection terms
 different states); unknown names and functions (with a "did you mean"); wrong arity;
 comparisons outside the first argument of ``where``; a non-constant ``**`` exponent; a state
 never assigned or assigned twice; assignments to gates, params or consts; ``const`` without a
-value; bad ``output`` lists; numbers that float32 would hold as inf or 0; cell names longer than
-``MAX_CELL_NAME``. Warnings: gates,
-params and temporaries never used. Expressions are walked iteratively, so their depth has no
-limit.
+value; bad ``output`` lists; numbers that float32 would hold as inf or 0; cell names longer
+than ``MAX_CELL_NAME``. Warnings: gates, params and temporaries never used. Expressions are
+walked iteratively, so their depth has no limit.
 
 Semantics: statements run in order, so a state read before its assignment is the previous
 step's value (a ``state`` leaf) and after it the new value (the assigned expression).
