@@ -11,8 +11,11 @@ module's ``state_dict`` loads into the equivalent layer (``rename_torch_keys``).
 
 from __future__ import annotations
 
+import contextlib
 import re
+import warnings
 import weakref
+from collections.abc import Iterator
 from functools import cache
 from typing import Any, cast
 
@@ -64,6 +67,15 @@ def _suffixes(layer: RNN) -> list[str]:
     return [f"_l{k // dirs}" + ("_reverse" if k % dirs else "") for k in range(len(layer.weights))]
 
 
+@contextlib.contextmanager
+def _dropout_warned() -> Iterator[None]:
+    """Building the other side of a conversion: its warning that dropout needs more than one
+    layer was given when the module being converted was made."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*dropout", category=UserWarning)
+        yield
+
+
 def from_torch(module: nn.Module, *, backend: str = "auto") -> RNN:
     """See ``RNN.from_torch``."""
     name = _builtin_name(module)
@@ -74,19 +86,20 @@ def from_torch(module: nn.Module, *, backend: str = "auto") -> RNN:
             "(rnncc.RNN has no output projection)"
         )
     ref = next(module.parameters())
-    layer = RNN(
-        load_builtin(name),
-        module.input_size,
-        module.hidden_size,
-        num_layers=module.num_layers,
-        bias=module.bias,
-        batch_first=module.batch_first,
-        dropout=module.dropout,
-        bidirectional=module.bidirectional,
-        backend=backend,
-        device=ref.device,
-        dtype=ref.dtype,
-    )
+    with _dropout_warned():
+        layer = RNN(
+            load_builtin(name),
+            module.input_size,
+            module.hidden_size,
+            num_layers=module.num_layers,
+            bias=module.bias,
+            batch_first=module.batch_first,
+            dropout=module.dropout,
+            bidirectional=module.bidirectional,
+            backend=backend,
+            device=ref.device,
+            dtype=ref.dtype,
+        )
     layer.train(module.training)
     _copy(layer, module, to_torch=False)
     return layer
@@ -126,18 +139,19 @@ def to_torch(layer: RNN) -> nn.RNNBase:
     cls, nonlinearity = _torch_kind(layer)
     p = next(layer.parameters())
     extra = {} if nonlinearity is None else {"nonlinearity": nonlinearity}
-    module = cls(
-        layer.input_size,
-        layer.hidden_size,
-        num_layers=layer.num_layers,
-        bias=layer.bias,
-        batch_first=layer.batch_first,
-        dropout=layer.dropout,
-        bidirectional=layer.bidirectional,
-        device=p.device,
-        dtype=p.dtype,
-        **extra,
-    )
+    with _dropout_warned():
+        module = cls(
+            layer.input_size,
+            layer.hidden_size,
+            num_layers=layer.num_layers,
+            bias=layer.bias,
+            batch_first=layer.batch_first,
+            dropout=layer.dropout,
+            bidirectional=layer.bidirectional,
+            device=p.device,
+            dtype=p.dtype,
+            **extra,
+        )
     module.train(layer.training)
     _copy(layer, module, to_torch=True)
     return module

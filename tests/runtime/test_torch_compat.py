@@ -5,6 +5,8 @@ batch-first, padded and packed (unsorted lengths) inputs, with and without initi
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -312,3 +314,17 @@ def test_to_torch_needs_a_builtin_cell_and_one_head():
         rnncc.RNN(rnncc.load_builtin("lstm"), I, 4, num_heads=2).to_torch()
     # the example files are the built-in cells
     assert isinstance(rnncc.RNN(examples / "gru.rnn", I, 4).to_torch(), nn.GRU)
+
+
+def test_a_conversion_does_not_repeat_the_one_layer_dropout_warning():
+    """torch warns when the one-layer module with dropout is made; from_torch and to_torch
+    warned again for the copy."""
+    with pytest.warns(UserWarning, match="dropout"):
+        module = nn.LSTM(3, 4, dropout=0.2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        layer = rnncc.RNN.from_torch(module, backend="reference")
+        back = layer.to_torch()
+    assert layer.dropout == back.dropout == 0.2
+    with pytest.warns(UserWarning, match="num_layers=1 has none"):  # a layer made directly
+        rnncc.RNN(rnncc.load_builtin("lstm"), 3, 4, dropout=0.2)
