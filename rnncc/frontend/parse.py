@@ -301,9 +301,17 @@ def _syntax_diagnostic(err: UnexpectedInput, source: Source) -> Diagnostic:
         char = source.text[pos] if pos < len(source.text) else "?"
         span = Span(err.line, err.column, err.line, err.column + 1)
         msg = f"unexpected character {char!r}"
-        if err.allowed:
-            msg += f"; expected {_describe_expected(err.allowed)}"
-        return Diagnostic("error", msg, span, source)
+        # what the parser takes here (the lexer's set also holds lookahead-only terminals)
+        parser = getattr(err, "interactive_parser", None)
+        allowed = (set(parser.accepts()) if parser is not None else set()) or set(err.allowed or ())
+        if allowed:
+            msg += f"; expected {_describe_expected(allowed)}"
+        notes = (
+            ("names are ASCII letters, digits and '_'",)
+            if char.isalpha() and not char.isascii()
+            else ()
+        )
+        return Diagnostic("error", msg, span, source, notes)
     line, col = getattr(err, "line", 1), getattr(err, "column", 1)
     return Diagnostic("error", str(err).splitlines()[0], Span(line, col, line, col + 1), source)
 

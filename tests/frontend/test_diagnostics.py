@@ -91,6 +91,16 @@ def test_unexpected_character():
     one_error(src, 2, 11, "unexpected character '$'", "expected")
 
 
+def test_an_unexpected_character_lists_what_the_parser_takes_there():
+    """The lexer's set named ';' and a newline after '=' (where both are errors) and left
+    out 'inf'; the parser's own set is the one to show."""
+    err = one_error(body("h = $h"), 2, 9, "unexpected character '$'")
+    assert err.message == ("unexpected character '$'; expected '(', '-', 'inf', a name or a number")
+    err = one_error("cell f(\u03b1) {\n    h = h\n}\n", 1, 8, "unexpected character")
+    assert err.message == "unexpected character '\u03b1'; expected ')' or a name"
+    assert err.notes == ("names are ASCII letters, digits and '_'",)
+
+
 @pytest.mark.parametrize("gap", ["\n", ""])
 def test_a_missing_closing_brace_names_the_open_cell(gap):
     src = "cell e(h) {\n    h = tanh(h)\n" + gap + "cell f(h) {\n    h = h\n}\n"
