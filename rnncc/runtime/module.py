@@ -696,8 +696,7 @@ class RNN(nn.Module):
                         f"states[{i}] ({name}) has dtype {s.dtype}, expected {states[0].dtype} "
                         f"like states[0] ({names[0]})"
                     )
-            self._check_states_dtype(states[0], x, ctype)  # before autocast's stack sees it
-            with autocast_off(x.device.type):
+            with autocast_off(x.device.type):  # autocast's stack fails on some 16-bit dtypes
                 states = torch.stack(list(states))
         elif not isinstance(states, torch.Tensor):
             raise ValueError(
@@ -713,18 +712,12 @@ class RNN(nn.Module):
             raise ValueError(f"states has shape {_shape(states)}, expected {legend()}")
         if states.device != x.device:
             raise ValueError(f"states is on {states.device}, expected {x.device} like x")
-        self._check_states_dtype(states, x, ctype)
-        return states
-
-    def _check_states_dtype(
-        self, states: torch.Tensor, x: torch.Tensor, ctype: torch.dtype
-    ) -> None:
-        """Initial states run in the compute dtype; also taken in the weights' (autocast)."""
         if states.dtype != ctype and states.dtype != self._weights_dtype(x):
             raise ValueError(
                 f"states has dtype {states.dtype}, expected {self._weights_dtype(x)} like the "
                 "layer's weights"
             )
+        return states
 
     def extra_repr(self) -> str:
         parts = [
