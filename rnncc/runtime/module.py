@@ -33,6 +33,7 @@ from rnncc.runtime.api import (
     no_out,
     refuse_torch_func,
 )
+from rnncc.runtime.overlap import beside, project_beside
 from rnncc.runtime.packing import packed_like, packed_rows, padded, zero_past
 from rnncc.runtime.sparsity import is_density, magnitude_mask, validate_mask
 from rnncc.runtime.validate import (
@@ -572,7 +573,7 @@ class RNN(nn.Module):
         if states is not None:  # [S, dirs, B, H] → [S, B, dirs·NH, D]
             states = _cast(states.transpose(1, 2).reshape(S, B, dirs * NH, D), ctype)
         y, last = self.cell._call(
-            self._project(ws, x, ctype),
+            self._project(ws, x, ctype, above_first=ks[0] > 0),
             heads([w.R for w in ws], 1),
             heads([w.bias() for w in ws], 1),
             states,
@@ -598,10 +599,13 @@ class RNN(nn.Module):
         weights = cast(nn.ModuleList, self._modules["weights"])
         return cast(Iterable[CellWeights], weights._modules.values())
 
-    def _project(self, ws: list[CellWeights], x: torch.Tensor, ctype: torch.dtype) -> torch.Tensor:
+    def _project(
+        self, ws: list[CellWeights], x: torch.Tensor, ctype: torch.dtype, above_first: bool
+    ) -> torch.Tensor:
         """W x of the directions ``ws`` from ``x`` ``[B, T, I]``: ``[B, T, Gx, dirs·NH, D]``
         (contiguous) in ``ctype``, in one GEMM: the directions' weight rows interleaved so that
-        the product comes out with their heads side by side."""
+        the product comes out with their heads side by side. In a layer ``above_first``, the
+        weights' gradients may be made on a second CUDA stream (``rnncc/runtime/overlap.py``)."""
         B, T, I = x.shape
         NH, D, G, H = self.num_heads, self.head_dim, len(self.cell.gx_names), self.hidden_size
         dirs = len(ws)
@@ -616,10 +620,16 @@ class RNN(nn.Module):
                 return cast[0]
             return torch.stack([t.view(rows) for t in cast], dim=1).flatten(0, 2)
 
-        weight = interleaved([p.weight for p in linears], (G, H, I))
-        biases = [p.bias for p in linears if p.bias is not None]
-        bias = interleaved(biases, (G, H, 1)).view(-1) if biases else None
-        out = nn.functional.linear(_cast(x, ctype), weight, bias)
+        def weights() -> tuple[torch.Tensor, torch.Tensor | None]:
+            weight = interleaved([p.weight for p in linears], (G, H, I))
+            biases = [p.bias for p in linears if p.bias is not None]
+            return weight, interleaved(biases, (G, H, 1)).view(-1) if biases else None
+
+        x = _cast(x, ctype)
+        if above_first and beside(x):  # W's and b's gradients beside the lower layer's backward
+            out = project_beside(x.reshape(B * T, I), weights)
+        else:
+            out = nn.functional.linear(x, *weights())
         return out.view(B, T, G, dirs * NH, D)
 
     def _first_weight(self) -> torch.Tensor | None:

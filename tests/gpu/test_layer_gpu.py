@@ -235,3 +235,47 @@ def test_decoding_steps_do_not_wait_for_the_gpu():
             for _ in range(3):
                 _, states = layer.step(x_t, states)
     assert states.shape == (2, 2, B, 64)
+
+
+@pytest.mark.parametrize("how", ["bf16", "autocast"])
+def test_upper_layers_weight_gradients_on_a_second_stream_are_the_one_stream_bits(monkeypatch, how):
+    """Layers above the first make their input projection's weight gradients on a second CUDA
+    stream (``rnncc/runtime/overlap.py``), beside the lower layer's backward: the same bits as
+    on one stream, accumulated over two backward calls, whole in a post-accumulate hook, also
+    under autocast with float32 weights."""
+    from rnncc.runtime import module, overlap
+
+    dtype = torch.float32 if how == "autocast" else torch.bfloat16
+    layer = _layer("lstm", 1, 64, dtype, torch.bfloat16, num_layers=3, bidirectional=True)
+    x = torch.randn(B, T, I, device="cuda", dtype=dtype)
+    upper = layer.weights[2].input_proj.weight  # the second layer's forward direction
+    seen: list[torch.Tensor] = []
+    upper.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
+    streams = []
+    made = overlap._WeightGradients.backward
+
+    def counted(ctx, g):
+        streams.append(torch.cuda.current_stream())
+        return made(ctx, g)
+
+    monkeypatch.setattr(overlap._WeightGradients, "backward", staticmethod(counted))
+
+    def grads():
+        layer.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        for _ in range(2):  # the second backward accumulates into the first's gradients
+            with torch.autocast("cuda", torch.bfloat16, enabled=how == "autocast"):
+                out, last = layer(xg)
+            (out.float().square().sum() + last.float().sum()).backward()
+        return [xg.grad, *(p.grad for p in layer.parameters())]
+
+    beside = grads()
+    side = overlap.side_stream(x.device)
+    assert len(streams) == 2 * 2 and all(s == side for s in streams)  # layers 2, 3; twice
+    assert side != torch.cuda.current_stream()
+    assert len(seen) == 2 and torch.equal(seen[-1], upper.grad)
+    monkeypatch.setattr(module, "beside", lambda x: False)
+    one_stream = grads()
+    assert len(streams) == 4  # not again
+    assert all(g.dtype == dtype for g in beside[1:])
+    assert all(torch.equal(a, b) for a, b in zip(beside, one_stream, strict=True))
