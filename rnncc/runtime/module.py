@@ -354,12 +354,13 @@ class RNN(nn.Module):
         # Under autocast the casts are _run's own (to ctype), not autocast's per op.
         with autocast_off(x.device.type):
             h = x
+            below: torch.Tensor | None = None  # the lower layer's cell call's output
             for layer in range(self.num_layers):
                 if layer and self.dropout:
                     h = nn.functional.dropout(h, self.dropout, self.training)
                 ks = list(range(layer * dirs, (layer + 1) * dirs))
                 start = None if init is None else init[:, ks[0] : ks[-1] + 1]  # a view
-                h, last = self._layer(ks, h, start, rows, ctype)
+                h, last, below = self._layer(ks, h, start, rows, ctype, below)
                 lasts.append(last)
             last = torch.cat(lasts, dim=1)
             if packed is not None:
@@ -552,12 +553,14 @@ class RNN(nn.Module):
         states: torch.Tensor | None,
         lengths: torch.Tensor | CheckedLengths | None,
         ctype: torch.dtype,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer, ``x`` ``[B, T, I]`` → ``out`` ``[B, T, dirs·O·H]`` and ``last``
-        ``[S, dirs, B, H]``, its (layer, direction)s ``ks`` in one cell call: the directions'
-        heads side by side (``dirs·NH`` heads, the reverse direction's last), so that both
-        run in one launch; every tensor cast to ``ctype`` (autocast's dtype, else the
-        weights'). ``states``: ``[S, dirs, B, H]`` or None (the declared initial values)."""
+        below: torch.Tensor | None,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """One layer, ``x`` ``[B, T, I]`` → ``out`` ``[B, T, dirs·O·H]``, ``last``
+        ``[S, dirs, B, H]`` and its cell call's output ``y``, its (layer, direction)s ``ks`` in one cell call: the directions' heads side
+        by side (``dirs·NH`` heads, the reverse direction's last), so that both run in one
+        launch; every tensor cast to ``ctype`` (autocast's dtype, else the weights').
+        ``states``: ``[S, dirs, B, H]`` or None (the declared initial values); ``below``: the
+        layer below's ``y`` (None for the first layer), see ``_project``."""
         ws = [self._weights(k) for k in ks]
         B, T, _ = x.shape
         dirs, NH, D, S = len(ks), self.num_heads, self.head_dim, len(self.cell.state_names)
@@ -573,7 +576,7 @@ class RNN(nn.Module):
         if states is not None:  # [S, dirs, B, H] → [S, B, dirs·NH, D]
             states = _cast(states.transpose(1, 2).reshape(S, B, dirs * NH, D), ctype)
         y, last = self.cell._call(
-            self._project(ws, x, ctype, above_first=ks[0] > 0),
+            self._project(ws, x, ctype, below),
             heads([w.R for w in ws], 1),
             heads([w.bias() for w in ws], 1),
             states,
@@ -586,7 +589,7 @@ class RNN(nn.Module):
         O = y.shape[0]
         # y [O, B, T, dirs·NH, D] → [B, T, dirs, O, H]; last [S, B, dirs·NH, D] → [S, dirs, B, H]
         out = y.view(O, B, T, dirs, H).permute(1, 2, 3, 0, 4).reshape(B, T, dirs * O * H)
-        return out, last.view(S, B, dirs, H).transpose(1, 2)
+        return out, last.view(S, B, dirs, H).transpose(1, 2), y
 
     def _weights(self, k: int) -> CellWeights:
         w = self.weights[k]
@@ -600,12 +603,17 @@ class RNN(nn.Module):
         return cast(Iterable[CellWeights], weights._modules.values())
 
     def _project(
-        self, ws: list[CellWeights], x: torch.Tensor, ctype: torch.dtype, above_first: bool
+        self,
+        ws: list[CellWeights],
+        x: torch.Tensor,
+        ctype: torch.dtype,
+        below: torch.Tensor | None,
     ) -> torch.Tensor:
         """W x of the directions ``ws`` from ``x`` ``[B, T, I]``: ``[B, T, Gx, dirs·NH, D]``
         (contiguous) in ``ctype``, in one GEMM: the directions' weight rows interleaved so that
-        the product comes out with their heads side by side. In a layer ``above_first``, the
-        weights' gradients may be made on a second CUDA stream (``rnncc/runtime/overlap.py``)."""
+        the product comes out with their heads side by side. Above the first layer (``below``:
+        the output of the layer below's cell call), the weights' gradients may be made on a
+        second CUDA stream, beside that call's backward (``rnncc/runtime/overlap.py``)."""
         B, T, I = x.shape
         NH, D, G, H = self.num_heads, self.head_dim, len(self.cell.gx_names), self.hidden_size
         dirs = len(ws)
@@ -626,8 +634,9 @@ class RNN(nn.Module):
             return weight, interleaved(biases, (G, H, 1)).view(-1) if biases else None
 
         x = _cast(x, ctype)
-        if above_first and beside(x):  # W's and b's gradients beside the lower layer's backward
-            out = project_beside(x.reshape(B * T, I), weights)
+        node = below.grad_fn if below is not None and beside(x) else None
+        if node is not None:  # W's and b's gradients beside the lower layer's backward
+            out = project_beside(x.reshape(B * T, I), weights, node)
         else:
             out = nn.functional.linear(x, *weights())
         return out.view(B, T, G, dirs * NH, D)

@@ -8,9 +8,10 @@ layer l's recurrent backward kernel and layer l-1's, which leaves a third of the
 4 ms. Here the weights are stacked and cast under a second stream and a Function made there
 (``_WeightGradients``) takes the projection's output gradient through a zero-stride token, so
 autograd runs that Function's backward, the stacking's backward and the weights' gradient
-accumulation on that stream, beside the recurrent kernel; ``backward()`` joins the stream with
-the caller's before it returns (autograd syncs the streams of the leaves it accumulated into).
-The projection itself (``_Projection``) and its input gradient stay on the caller's stream.
+accumulation on that stream, beside the recurrent kernel. The caller's stream waits for it once
+the lower layer's recurrent backward is queued (a hook on that op's node), so every gradient
+accumulated later is ordered after these (``backward()`` would join the streams only at its
+end: autograd syncs the streams of the leaves it accumulated into). The projection itself (``_Projection``) and its input gradient stay on the caller's stream.
 Outputs and gradients are the same bits as ``nn.functional.linear``'s.
 
 The side stream first holds for about 20 µs (``torch.cuda._sleep``): started at once, the GEMM
@@ -59,11 +60,24 @@ def side_stream(device: torch.device) -> torch.cuda.Stream:
     return stream
 
 
-def project_beside(x: torch.Tensor, weights: Callable[[], Weights]) -> torch.Tensor:
+def project_beside(
+    x: torch.Tensor, weights: Callable[[], Weights], below: torch.autograd.graph.Node
+) -> torch.Tensor:
     """``x @ weight.T + bias`` for ``x`` ``[N, I]``, with ``(weight, bias) = weights()`` made on
-    the side stream (so are their gradients, see the module's docstring)."""
-    main = torch.cuda.current_stream(x.device)
-    side = side_stream(x.device)
+    the side stream (so are their gradients, see the module's docstring). ``below``: the
+    autograd node of the layer below's recurrent op; once its backward is queued (its
+    recurrent kernel launched), the caller's stream waits for the side stream. Every
+    gradient accumulated after it is then ordered after this layer's, as DDP needs: its
+    hooks copy each gradient into a bucket on the stream they run on, and reduce a bucket on
+    the stream of the hook that completes it."""
+    device = x.device
+    main = torch.cuda.current_stream(device)
+    side = side_stream(device)
+
+    def join(*_: object) -> None:  # on the stream autograd runs that node's backward on
+        torch.cuda.current_stream(device).wait_stream(side)
+
+    below.register_hook(join)
     side.wait_stream(main)  # the parameters as the caller's stream last wrote them
     with torch.cuda.stream(side):
         weight, bias = weights()

@@ -94,6 +94,57 @@ def test_ddp_with_nccl_matches_the_plain_model(tmp_path, hidden, dtype, tier):
         assert rel_err(got[name], g) <= 1e-6, name
 
 
+def _stack_grads(bucket_mb: float | None, out: str | None = None):
+    """Three SGD steps of a 3-layer bidirectional LSTM (grid tier, bf16), whose upper layers
+    make their projections' weight gradients on a second stream; under DDP with buckets of
+    ``bucket_mb`` (None: no DDP)."""
+    import rnncc
+
+    torch.manual_seed(0)
+    model = rnncc.RNN(
+        rnncc.load(REPO / "examples" / "lstm.rnn"),
+        8,
+        256,
+        num_layers=3,
+        bidirectional=True,
+        backend="fused",
+    ).to("cuda", torch.bfloat16)
+    ddp = torch.nn.parallel.DistributedDataParallel
+    wrapped = model if bucket_mb is None else ddp(model, bucket_cap_mb=bucket_mb)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    g = torch.Generator().manual_seed(1)
+    for _ in range(3):
+        optimizer.zero_grad()
+        x = torch.randn(16, 32, 8, generator=g).to("cuda", torch.bfloat16)
+        wrapped(x)[0].float().square().mean().backward()
+        optimizer.step()
+    assert model.cell.last_backend == "fused"
+    grads = {n: p.grad.detach().cpu() for n, p in model.named_parameters()}
+    if out is not None:
+        torch.save(grads, out)
+    return grads
+
+
+def _stack_worker(rank: int, store: str, bucket_mb: float, out: str) -> None:
+    _join_nccl(rank, 1, store)
+    try:
+        _stack_grads(bucket_mb, out)
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("bucket_mb", [0.05, 25.0], ids=["a-bucket-a-weight", "one-bucket"])
+def test_ddp_of_a_stack_whose_weight_gradients_use_two_streams(tmp_path, bucket_mb):
+    """World size 1: the same bits as without DDP. DDP copies each gradient into its bucket on
+    the stream that made it and reduces a bucket on the stream of the gradient that completed
+    it: in one bucket, after gradients of both streams."""
+    out = tmp_path / "grads.pt"
+    mp.spawn(_stack_worker, args=(str(tmp_path / "store"), bucket_mb, str(out)), nprocs=1)
+    got = torch.load(out)
+    for name, g in _stack_grads(None).items():
+        assert torch.equal(got[name], g), name
+
+
 @pytest.mark.parametrize("backend", ["stepwise", "fused"])
 @pytest.mark.parametrize("heads", [1, 3])
 def test_weight_gradients_have_their_parameters_strides(backend, heads):
