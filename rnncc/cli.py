@@ -259,6 +259,16 @@ def _named(text: str) -> str:
     return text
 
 
+def _folder(text: str) -> str:
+    """An argparse type for -o: an empty path (an unset shell variable) would write into the
+    current folder."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "the path is empty; name the package folder (-o . for here)"
+        )
+    return text
+
+
 def _density(text: str) -> float:
     try:
         value = float(text)
@@ -430,7 +440,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("file", metavar="FILE")
     p.add_argument(
-        "-o", "--output", required=True, metavar="DIR", help="the package folder to write"
+        "-o",
+        "--output",
+        required=True,
+        metavar="DIR",
+        type=_folder,
+        help="the package folder to write",
     )
     p.add_argument("--cell", metavar="NAME", help="the cell to compile when the file has several")
     _size_arguments(p, required=False)

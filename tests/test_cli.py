@@ -443,6 +443,18 @@ def test_empty_target_is_refused(capsys, tmp_path: Path, command, option, value)
     )
 
 
+def test_an_empty_output_folder_is_refused(capsys, tmp_path: Path, monkeypatch) -> None:
+    """``-o ""`` (an unset shell variable) would write the package into the current folder."""
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = run(capsys, "compile", REPO / "examples" / "lstm.rnn", "-o", "")
+    assert (rc, out) == (2, "")
+    assert err.splitlines()[-1] == (
+        "rnncc compile: error: argument -o/--output: the path is empty; name the package "
+        "folder (-o . for here)"
+    )
+    assert not any(tmp_path.iterdir())
+
+
 def test_plan_json_carries_the_note_on_other_dtypes(capsys) -> None:
     """The text's line on the variants that do not store the dtype is in the JSON too."""
     import json
