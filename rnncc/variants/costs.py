@@ -52,6 +52,13 @@ STEPWISE_BACKWARD_US = 36.0
 #: is large (a fit to an H100's LSTM steps at 2304 and 4096 units: 24 µs plus R at 1.3-1.5
 #: TB/s).
 STEPWISE_R_BYTES_PER_US = 1.4e6
+#: Its rate of arithmetic (flop per µs), which sets a step's time once the batch is large:
+#: the step's R h product runs in float32 on the CUDA cores whatever the storage dtype (a fit
+#: to an H200's LSTM steps at 768 units, B 1024 and 4096, and 2304 units, B 256 and 1024:
+#: 41-45 TFLOPS). The backward's product for dR, in the storage dtype, runs a 16-bit one on
+#: the tensor cores (`benchmarks/results/stepwise-batch-h200-2026-11-28.txt`).
+STEPWISE_FLOPS_PER_US = 44e6
+STEPWISE_TENSOR_FLOPS_PER_US = 600e6
 
 
 def cycles_us(cycles: float, caps: HardwareCaps) -> float:

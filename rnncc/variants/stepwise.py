@@ -10,7 +10,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rnncc.variants.base import Cost, Launch, Point, Variant
-from rnncc.variants.costs import STEPWISE_BACKWARD_US, STEPWISE_R_BYTES_PER_US, STEPWISE_STEP_US
+from rnncc.variants.costs import (
+    STEPWISE_BACKWARD_US,
+    STEPWISE_FLOPS_PER_US,
+    STEPWISE_R_BYTES_PER_US,
+    STEPWISE_STEP_US,
+    STEPWISE_TENSOR_FLOPS_PER_US,
+)
 
 if TYPE_CHECKING:
     from rnncc.codegen.source import GeneratedSource
@@ -56,11 +62,17 @@ class Stepwise(Variant):
 
     def cost(self, problem: Problem, caps: HardwareCaps, point: Point) -> Cost:
         p = problem
-        r_bytes = max(p.gates_r, 1) * p.heads * p.head_dim**2 * p.dtype_bytes
-        product = r_bytes / STEPWISE_R_BYTES_PER_US  # each step reads R from memory
+        r_elements = max(p.gates_r, 1) * p.heads * p.head_dim**2
+        flops = 2 * p.batch * r_elements
+        # each step reads R from memory and multiplies it by the batch's h, in float32
+        product = max(
+            r_elements * p.dtype_bytes / STEPWISE_R_BYTES_PER_US, flops / STEPWISE_FLOPS_PER_US
+        )
+        # the backward: that product with Rᵀ each step, and dR's share of one GEMM over all steps
+        d_r = product if p.dtype_bytes == 4 else flops / STEPWISE_TENSOR_FLOPS_PER_US
         terms = (("launches", STEPWISE_STEP_US), ("product", product))
         forward = STEPWISE_STEP_US + product
-        return Cost(terms, 1, forward, STEPWISE_BACKWARD_US + 2 * product)
+        return Cost(terms, 1, forward, STEPWISE_BACKWARD_US + product + d_r)
 
     def render(self, cell: Cell, bwd: BackwardCell, build: Any) -> GeneratedSource:
         return render_stepwise(cell, bwd, build["threads"])
