@@ -21,10 +21,10 @@ __all__ = ["compile_file", "compile_source", "read_source", "select_cell"]
 
 
 def compile_source(text: str, path: str = "<string>") -> tuple[list[Cell], list[Diagnostic]]:
-    """Every cell of ``text`` and the warnings; raises ``DslError`` on any error. Read as a
-    file is (``read_source``): a leading byte-order mark dropped, ``\r\n`` and ``\r`` as
-    ``\n``, so that ``rnncc.loads`` of a file's bytes decoded as UTF-8 compiles as ``load``."""
-    source = Source(text.removeprefix("\ufeff").replace("\r\n", "\n").replace("\r", "\n"), path)
+    """Every cell of ``text`` and the warnings; raises ``DslError`` on any error. A leading
+    byte-order mark is dropped, as ``read_source`` drops a file's (``rnncc.loads`` of a
+    file's bytes decoded as UTF-8 compiles as ``load``)."""
+    source = Source(text.removeprefix("\ufeff"), path)
     module = parse(source)
     cells, diagnostics = lower(module, source)
     if get_dump_dir() is not None:

@@ -696,10 +696,9 @@ def test_numbers_float32_holds_are_fine(literal):
 
 
 # ---- lines as the parser counts them -----------------------------------------------------
-@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85", "\v", "\f", "\x1c"])
+@pytest.mark.parametrize("sep", ["\u2028", "\u2029", "\x85", "\v", "\f", "\r", "\x1c"])
 def test_a_line_separator_in_a_comment_does_not_shift_the_shown_line(sep):
-    """Only '\n' ends a line for the parser (and '\r', read as '\n' as in a file); the line
-    shown under the message is that one."""
+    """Only '\n' ends a line for the parser; the line shown under the message is that one."""
     src = f"cell f(h) {{\n    # one{sep}two\n    h = q\n}}\n"
     assert one_error(src, 3, 9, "unknown name 'q'").render() == (
         f"{PATH}:3:9: error: unknown name 'q'\n        h = q\n            ^"
@@ -713,11 +712,11 @@ def test_a_form_feed_in_a_line_shows_as_a_space_over_its_column():
     )
 
 
-def test_text_reads_as_a_file_does():
-    """A leading byte-order mark and '\r' line ends (a file's bytes decoded as UTF-8, as
-    ``rnncc.loads`` may get them): as ``read_source`` reads the file."""
-    (err,) = errors("\ufeffcell f(h) {\r    # one\r    h = q\r}\r")
-    assert err.render() == f"{PATH}:3:9: error: unknown name 'q'\n        h = q\n            ^"
+def test_a_byte_order_mark_is_dropped_as_from_a_file():
+    """``rnncc.loads`` of a file's bytes decoded as UTF-8 (the mark kept) compiles as
+    ``rnncc.load`` does."""
+    (err,) = errors("\ufeffcell f(h) {\n    h = q\n}\n")
+    assert err.render() == f"{PATH}:2:9: error: unknown name 'q'\n        h = q\n            ^"
 
 
 def test_crlf_line_ends():
