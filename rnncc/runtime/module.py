@@ -556,11 +556,12 @@ class RNN(nn.Module):
         below: torch.Tensor | None,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """One layer, ``x`` ``[B, T, I]`` → ``out`` ``[B, T, dirs·O·H]``, ``last``
-        ``[S, dirs, B, H]`` and its cell call's output ``y``, its (layer, direction)s ``ks`` in one cell call: the directions' heads side
-        by side (``dirs·NH`` heads, the reverse direction's last), so that both run in one
-        launch; every tensor cast to ``ctype`` (autocast's dtype, else the weights').
-        ``states``: ``[S, dirs, B, H]`` or None (the declared initial values); ``below``: the
-        layer below's ``y`` (None for the first layer), see ``_project``."""
+        ``[S, dirs, B, H]`` and its cell call's output ``y``; its (layer, direction)s ``ks``
+        in one cell call: the directions' heads side by side (``dirs·NH`` heads, the reverse
+        direction's last), so that both run in one launch; every tensor cast to ``ctype``
+        (autocast's dtype, else the weights'). ``states``: ``[S, dirs, B, H]`` or None (the
+        declared initial values); ``below``: the layer below's ``y`` (None for the first
+        layer), see ``_project``."""
         ws = [self._weights(k) for k in ks]
         B, T, _ = x.shape
         dirs, NH, D, S = len(ks), self.num_heads, self.head_dim, len(self.cell.state_names)

@@ -11,8 +11,9 @@ autograd runs that Function's backward, the stacking's backward and the weights'
 accumulation on that stream, beside the recurrent kernel. The caller's stream waits for it once
 the lower layer's recurrent backward is queued (a hook on that op's node), so every gradient
 accumulated later is ordered after these (``backward()`` would join the streams only at its
-end: autograd syncs the streams of the leaves it accumulated into). The projection itself (``_Projection``) and its input gradient stay on the caller's stream.
-Outputs and gradients are the same bits as ``nn.functional.linear``'s.
+end: autograd syncs the streams of the leaves it accumulated into). The projection itself
+(``_Projection``) and its input gradient stay on the caller's stream. Outputs and gradients
+are the same bits as ``nn.functional.linear``'s.
 
 The side stream first holds for about 20 µs (``torch.cuda._sleep``): started at once, the GEMM
 takes every SM before the lower layer's cooperative recurrent kernel is launched, and that kernel
