@@ -21,7 +21,8 @@ Output: the table on stdout and in ``<out>/variant-costs-<gpu>-<date>.txt``; bes
 ``rnncc-<variant>``, T = 1024) plus the point, the predictions and the slopes, and the
 per-problem verdicts.
 
-Usage (GPU machine, repository root): python benchmarks/variant_costs.py [--quick] [--out DIR]
+Usage (GPU machine, repository root):
+    python benchmarks/variant_costs.py [--quick | --points | --large-batch] [--out DIR]
 """
 
 from __future__ import annotations
@@ -68,6 +69,13 @@ POINTS: tuple[Spec, ...] = tuple(
         (1, 768, 64),
     )
 )
+#: ``--large-batch``: the batches where the planner leaves the stepwise backend for the grid tier
+#: (its stepwise step is bound by float32 arithmetic past a few hundred rows), at T = 32 and 128.
+LARGE_BATCH: tuple[Spec, ...] = (
+    *(("lstm.rnn", 1, 768, "bf16", b) for b in (256, 1024, 4096)),
+    *(("lstm.rnn", 1, 2304, "bf16", b) for b in (64, 256, 1024)),
+)
+LARGE_BATCH_STEPS = (32, 128)
 #: One problem of each tier: block and grid mma, fp32.
 QUICK: tuple[Spec, ...] = (
     ("lstm.rnn", 12, 64, "bf16", 16),
@@ -120,7 +128,12 @@ def name(plan: Any) -> str:
     return plan.variant + (f"({point})" if point else "")
 
 
-def plan_problems(specs: tuple[Spec, ...], caps: Any, every_point: bool = False) -> list[Entry]:
+def plan_problems(
+    specs: tuple[Spec, ...],
+    caps: Any,
+    every_point: bool = False,
+    steps: tuple[int, int] = STEPS,
+) -> list[Entry]:
     """Each problem's first choice, and each variant's best plan (``every_point``: every
     feasible plan) or binding constraints."""
     import rnncc
@@ -144,7 +157,7 @@ def plan_problems(specs: tuple[Spec, ...], caps: Any, every_point: bool = False)
                 )
             else:
                 ruled_out[v.name] = diagnose(v, problem, caps)
-        case = Case(Path(file).stem, B, STEPS[-1], NH, D, dtype)
+        case = Case(Path(file).stem, B, steps[-1], NH, D, dtype)
         entries.append(Entry(cell, case, solve(problem, caps), plans, ruled_out))
     return entries
 
@@ -222,12 +235,13 @@ def measure_variant(
     plan: Any,
     ops_for: Any,
     device: Any,
+    steps: tuple[int, int] = STEPS,
 ) -> VariantRecord:
-    """Time the variant's forward and forward + backward at each T of ``STEPS``; the record at
+    """Time the variant's forward and forward + backward at each T of ``steps``; the record at
     the longer T, with the slopes."""
     system = f"rnncc-{plan.variant}"
     got = {}
-    for T in STEPS:
+    for T in steps:
         case = Case(entry.case.cell, entry.case.B, T, entry.case.NH, entry.case.D, entry.case.dtype)
         got[T] = bench.time_workload(
             system,
@@ -238,17 +252,17 @@ def measure_variant(
             warmup=WARMUP,
             repeats=REPEATS,
         )
-    short, long = got[STEPS[0]], got[STEPS[-1]]
+    short, long = got[steps[0]], got[steps[-1]]
     rec = VariantRecord(**long.as_dict())
     rec.variant, rec.point = plan.variant, dict(plan.point)
     rec.first_choice = name(plan) == name(entry.first)
     rec.fw_ms_t256, rec.fwbw_ms_t256 = short.fw_ms, short.fwbw_ms
     if short.status != "ok":
-        rec.status, rec.note = short.status, f"T={STEPS[0]}: {short.note}"
+        rec.status, rec.note = short.status, f"T={steps[0]}: {short.note}"
     rec.predicted_fw_us = round(plan.cost.forward_us, 3)
     rec.predicted_bw_us = round(plan.cost.backward_us, 3)
     if rec.status == "ok" and None not in (short.fw_ms, long.fw_ms, short.fwbw_ms, long.fwbw_ms):
-        per_step = 1e3 / (STEPS[-1] - STEPS[0])  # ms over the extra steps → µs per step
+        per_step = 1e3 / (steps[-1] - steps[0])  # ms over the extra steps → µs per step
         fw = (long.fw_ms - short.fw_ms) * per_step  # type: ignore[operator]
         fwbw = (long.fwbw_ms - short.fwbw_ms) * per_step  # type: ignore[operator]
         rec.measured_fw_us, rec.measured_bw_us = round(fw, 3), round(fwbw - fw, 3)
@@ -314,7 +328,10 @@ def _pct(x: float | None) -> str:
 
 
 def format_report(
-    entries: list[Entry], records: list[list[VariantRecord]], verdicts: list[dict[str, Any]]
+    entries: list[Entry],
+    records: list[list[VariantRecord]],
+    verdicts: list[dict[str, Any]],
+    steps: tuple[int, int] = STEPS,
 ) -> str:
     """The table of every (problem, variant), then a line per problem and the summary."""
     head = ("problem", "variant", "point", "fw pred", "fw meas", "fw err", "bw pred", "bw meas")
@@ -345,7 +362,7 @@ def format_report(
     ]
     lines.insert(
         1,
-        f"(µs per step: slope of T = {STEPS[0]} → {STEPS[-1]}; bw = fwbw − fw; "
+        f"(µs per step: slope of T = {steps[0]} → {steps[-1]}; bw = fwbw − fw; "
         "* the planner's first choice)",
     )
     lines.append("")
@@ -384,6 +401,12 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help=f"the suite's {len(POINTS)} grid-tier problems, every feasible point of each variant",
     )
+    ap.add_argument(
+        "--large-batch",
+        action="store_true",
+        help=f"{len(LARGE_BATCH)} problems at batches of 64 to 4096, T = "
+        f"{LARGE_BATCH_STEPS[0]} and {LARGE_BATCH_STEPS[1]}",
+    )
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results"), help="output folder")
     args = ap.parse_args(argv)
 
@@ -403,8 +426,17 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(machine), flush=True)
     caps = caps_for_device(index)
     arch = arch_of(index)
-    specs = QUICK if args.quick else POINTS if args.points else PROBLEMS
-    entries = plan_problems(specs, caps, every_point=args.points)
+    specs = (
+        QUICK
+        if args.quick
+        else POINTS
+        if args.points
+        else LARGE_BATCH
+        if args.large_batch
+        else PROBLEMS
+    )
+    steps = LARGE_BATCH_STEPS if args.large_batch else STEPS
+    entries = plan_problems(specs, caps, every_point=args.points, steps=steps)
     failed = build_libraries(entries, arch)
 
     kept: dict[tuple[str, str], Any] = {}
@@ -417,13 +449,19 @@ def main(argv: list[str] | None = None) -> int:
             kept[key] = KernelOps(entry.cell.ir, entry.cell.backward_ir, plan.build, arch)
         return kept[key]
 
-    kind = "point-costs" if args.points else "variant-costs"
+    kind = (
+        "point-costs"
+        if args.points
+        else "large-batch-costs"
+        if args.large_batch
+        else "variant-costs"
+    )
     stem = f"{kind}-{bench.gpu_slug(machine['gpu'])}-{machine['date']}"
     out = Path(args.out)
     protocol = {
-        "steps": list(STEPS),
-        "per_step": f"slope of the medians, (t{STEPS[-1]} - t{STEPS[0]}) / "
-        f"{STEPS[-1] - STEPS[0]}, µs; bw = fwbw - fw",
+        "steps": list(steps),
+        "per_step": f"slope of the medians, (t{steps[-1]} - t{steps[0]}) / "
+        f"{steps[-1] - steps[0]}, µs; bw = fwbw - fw",
         "fw": "forward under torch.no_grad()",
         "fwbw": "forward with gradients + .sum().backward() on y; grads reset untimed",
         "timer": "CUDA events around each call, device idle before; warm-up calls excluded",
@@ -437,7 +475,7 @@ def main(argv: list[str] | None = None) -> int:
     records: list[list[VariantRecord]] = []
     verdicts: list[dict[str, Any]] = []
     for k, entry in enumerate(entries, 1):
-        recs = [measure_variant(entry, plan, ops_for, device) for plan in entry.plans]
+        recs = [measure_variant(entry, plan, ops_for, device, steps) for plan in entry.plans]
         recs += [ruled_out_record(entry, v, b) for v, b in entry.ruled_out.items()]
         for r in recs:
             said = "ok" if r.status == "ok" else f"{r.status}: {r.note}"
@@ -459,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             summary=summary(verdicts),
         )
 
-    text = format_report(entries, records, verdicts)
+    text = format_report(entries, records, verdicts, steps)
     print(f"\n{text}")
     (out / f"{stem}.txt").write_text(text + "\n", encoding="utf-8")
     print(f"\nwrote {out / stem}.json and .txt", flush=True)

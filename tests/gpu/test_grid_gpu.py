@@ -4,7 +4,10 @@ reference (``pytest -m gpu`` on a GPU machine): heads too large for one SM, ever
 from __future__ import annotations
 
 import pytest
+import torch
 from gpu_reference import case_id, check_against_reference, load_examples, prepare
+
+from rnncc.testing import random_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -74,10 +77,19 @@ SPLIT_POINT_CASES = [
 ]
 
 
+#: Batches where ``auto`` leaves the stepwise backend (its float32 product is bound by arithmetic
+#: there) for the grid tier, in many batch chunks launched one after another: the LSTM at 768
+#: units (grid_mma) and 2304 (grid_stream, past the chip).
+LARGE_BATCH_CASES = [
+    {"example": "lstm", "dtype": "bf16", "B": B, "D": D, "NH": 1, "T": 3}
+    for B, D in [(1024, 768), (256, 2304)]
+]
+
+
 @pytest.fixture(scope="module")
 def cells():
     loaded = load_examples()
-    prepare(loaded, GRID_CASES + FP32_CASES + SPLIT_POINT_CASES)
+    prepare(loaded, GRID_CASES + FP32_CASES + SPLIT_POINT_CASES + LARGE_BATCH_CASES)
     return loaded
 
 
@@ -104,3 +116,16 @@ def test_backward_at_its_own_point_matches_float64_reference(cells, case):
     assert plan.variant == "grid_mma"
     assert dict(plan.point)["unit_tiles"] == 2
     assert dict(plan.backward_point) == {"n_tiles": 1, "unit_tiles": 1, "blocks_per_sm": 2}
+
+
+@pytest.mark.parametrize("case", LARGE_BATCH_CASES, ids=case_id)
+def test_auto_at_a_large_batch_runs_the_grid_tier_against_float64_reference(cells, case):
+    cell = cells[case["example"]]
+    plan = check_against_reference(cell, case, "fused")
+    assert plan.variant == ("grid_mma" if case["D"] <= 1024 else "grid_stream")
+    assert plan.launch.forward.launches > 1  # batch chunks launched in turn
+    x = random_inputs(
+        cell.ir, case["B"], case["T"], 1, case["D"], dtype=torch.bfloat16, device="cuda"
+    )
+    cell(**x, backend="auto")
+    assert cell.last_backend == "fused" and cell.last_plan.variant == plan.variant
