@@ -94,10 +94,10 @@ def test_ddp_with_nccl_matches_the_plain_model(tmp_path, hidden, dtype, tier):
         assert rel_err(got[name], g) <= 1e-6, name
 
 
-def _stack_grads(bucket_mb: float | None, out: str | None = None):
+def _stack_grads(bucket_mb: float | None, out: str | None = None, rank: int = 0, world: int = 1):
     """Three SGD steps of a 3-layer bidirectional LSTM (grid tier, bf16), whose upper layers
     make their projections' weight gradients on a second stream; under DDP with buckets of
-    ``bucket_mb`` (None: no DDP)."""
+    ``bucket_mb`` (None: no DDP), on this rank's share of each batch of 16 rows."""
     import rnncc
 
     torch.manual_seed(0)
@@ -115,7 +115,7 @@ def _stack_grads(bucket_mb: float | None, out: str | None = None):
     g = torch.Generator().manual_seed(1)
     for _ in range(3):
         optimizer.zero_grad()
-        x = torch.randn(16, 32, 8, generator=g).to("cuda", torch.bfloat16)
+        x = torch.randn(16, 32, 8, generator=g).chunk(world)[rank].to("cuda", torch.bfloat16)
         wrapped(x)[0].float().square().mean().backward()
         optimizer.step()
     assert model.cell.last_backend == "fused"
@@ -125,10 +125,11 @@ def _stack_grads(bucket_mb: float | None, out: str | None = None):
     return grads
 
 
-def _stack_worker(rank: int, store: str, bucket_mb: float, out: str) -> None:
-    _join_nccl(rank, 1, store)
+def _stack_worker(rank: int, store: str, bucket_mb: float, out: str, world: int = 1) -> None:
+    _join_nccl(rank, world, store)
     try:
-        _stack_grads(bucket_mb, out)
+        _stack_grads(bucket_mb, out if world == 1 else f"{out}.{rank}", rank, world)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -199,9 +200,9 @@ def _two_rank_worker(
         dist.destroy_process_group()
 
 
-def _spawn_two_ranks(args: tuple, timeout_s: float) -> None:
-    """Run ``_two_rank_worker`` on GPUs 0 and 1; fail (and end them) after ``timeout_s``."""
-    context = mp.spawn(_two_rank_worker, args=args, nprocs=2, join=False)
+def _spawn_two_ranks(args: tuple, timeout_s: float, worker=_two_rank_worker) -> None:
+    """Run ``worker`` (rank, *args) on GPUs 0 and 1; fail (and end them) after ``timeout_s``."""
+    context = mp.spawn(worker, args=args, nprocs=2, join=False)
     deadline = time.monotonic() + timeout_s
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
@@ -250,3 +251,16 @@ def test_two_gpus_grid_tier_filling_the_chip_beside_nccl(tmp_path):
     for rank in range(2):
         grads = torch.load(tmp_path / f"g.{rank}")
         assert all(torch.isfinite(g).all() for g in grads.values())
+
+
+@two_gpus
+def test_two_gpus_train_a_stack_whose_weight_gradients_use_two_streams(tmp_path):
+    """Two ranks, a bucket a weight: each bucket's all-reduce follows the side stream's weight
+    gradients that fill it. The ranks agree bit for bit, and their average is one process's
+    gradient on the whole batch (to bf16's tolerance: the kernels sum dR in another order)."""
+    out = str(tmp_path / "grads")
+    _spawn_two_ranks((str(tmp_path / "store"), 0.05, out, 2), 300, _stack_worker)
+    got = [torch.load(f"{out}.{rank}") for rank in range(2)]
+    for name, g in _stack_grads(None).items():
+        assert torch.equal(got[0][name], got[1][name]), f"{name}: the ranks differ"
+        assert rel_err(got[0][name], g) <= TOLERANCES[torch.bfloat16], name
