@@ -172,28 +172,33 @@ using Grads = std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Ten
 // step (and a warning).
 at::Tensor packed(const at::Tensor& t) { return t.contiguous().view({-1}).view(t.sizes()); }
 
-// After a backward loop: dR = Σ_t dgᵀ h[t-1] as one batched GEMM (one per head) from G, the
-// gate cotangents [NH, T, B, Gr * D] in the storage type (rounded to it, with fp32
-// accumulation, as cuDNN does: half the bytes, and the GEMM runs on the tensor cores); db and
-// dparams as one sum each of dGb / dP over the dims `rows`, which leave [NH, G * D]; returns
-// (dWx, dR, db, dstates, dparams).
+// dR = Σ_t dgᵀ h[t-1] as one batched GEMM (one per head) from G, the gate cotangents
+// [NH, T, B, Gr * D] in the storage type (rounded to it, with fp32 accumulation, as cuDNN
+// does: half the bytes, and the GEMM runs on the tensor cores), and the saved states `hist`.
+// Per head, dR = Gᵀ H over the T·B rows; h[t - 1] copied once to head-major [NH, T, B, D] in
+// the storage type (rows stay contiguous, so the copy streams), the transpose left to the GEMM.
+at::Tensor r_gradient(const at::Tensor& G, const at::Tensor& hist, at::IntArrayRef dims) {
+  const Dims k(dims);
+  c10::cuda::CUDAGuard guard(G.device());
+  const int64_t NH = G.size(0), T = G.size(1), B = hist.size(3), D = hist.size(4);
+  at::Tensor H = at::empty({NH, T, B, D}, G.options());
+  H.copy_(hist.narrow(0, 0, T).select(1, k.rec).permute({1, 0, 2, 3}));
+  return packed(at::bmm(G.view({NH, T * B, k.Gr * D}).transpose(1, 2), H.view({NH, T * B, D}))
+                    .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(G.scalar_type()));
+}
+
+// After a backward loop: dR (r_gradient; `defer_dR`: G itself, for the caller to make dR
+// elsewhere, as rnncc.RNN does on a second stream); db and dparams as one sum each of dGb / dP
+// over the dims `rows`, which leave [NH, G * D]; returns (dWx, dR, db, dstates, dparams).
 Grads weight_gradients(const Dims& k, const at::Tensor& Wx, const at::Tensor& hist,
                        const at::Tensor& G, const at::Tensor& dGb, const at::Tensor& dP,
-                       at::IntArrayRef rows, const at::Tensor& dWx, const at::Tensor& dstates) {
-  const int64_t T = Wx.size(1), NH = Wx.size(3), D = Wx.size(4);
+                       at::IntArrayRef rows, const at::Tensor& dWx, const at::Tensor& dstates,
+                       at::IntArrayRef dims, bool defer_dR) {
+  const int64_t NH = Wx.size(3), D = Wx.size(4);
   const auto dtype = Wx.scalar_type();
   at::Tensor dR = at::empty({0}, Wx.options()), db = at::empty({0}, Wx.options()),
              dparams = at::empty({0}, Wx.options());
-  if (k.Gr) {
-    // Per head, dR = Gᵀ H over the T·B rows; h[t - 1] copied once to head-major [NH, T, B, D]
-    // in the storage type (rows stay contiguous, so the copy streams), the transpose left to
-    // the GEMM.
-    const int64_t B = hist.size(3);
-    at::Tensor H = at::empty({NH, T, B, D}, Wx.options());
-    H.copy_(hist.narrow(0, 0, T).select(1, k.rec).permute({1, 0, 2, 3}));
-    dR = packed(at::bmm(G.view({NH, T * B, k.Gr * D}).transpose(1, 2), H.view({NH, T * B, D}))
-                    .view({NH, k.Gr, D, D}).permute({1, 0, 2, 3}).to(dtype));
-  }
+  if (k.Gr) dR = defer_dR ? G : r_gradient(G, hist, dims);
   if (k.Gb) db = packed(dGb.sum(at::OptionalIntArrayRef(rows)).view({NH, k.Gb, D}).permute({1, 0, 2}).to(dtype));
   if (k.P) dparams = packed(dP.sum(at::OptionalIntArrayRef(rows)).view({NH, k.P, D}).permute({1, 0, 2}).to(dtype));
   return {dWx, dR, db, dstates, dparams};
@@ -203,7 +208,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
     const at::Tensor& dy_, const at::Tensor& dlast, const at::Tensor& Wx_,
     const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
     const c10::optional<at::Tensor>& params_, const c10::optional<at::Tensor>& lengths, int64_t reverse_from,
-    const at::Tensor& hist, const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, bool poison_outputs) {
+    const at::Tensor& hist, const at::Tensor& rh, int64_t fn, at::IntArrayRef dims, bool poison_outputs,
+    bool defer_dR) {
   const Dims k(dims);
   c10::cuda::CUDAGuard guard(Wx_.device());
   cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
@@ -251,7 +257,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> stepwise_
     G.copy_(dGr.permute({1, 0, 2, 3}));
   }
   const std::vector<int64_t> time_and_batch{0, 2};  // of [T, NH, B, ·]
-  return weight_gradients(k, Wx, hist, G, dGb, dP, time_and_batch, dWx, dstates);
+  return weight_gradients(k, Wx, hist, G, dGb, dP, time_and_batch, dWx, dstates, dims, defer_dR);
 }
 
 // What a failed fused launch most likely means, for the error message.
@@ -317,7 +323,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
                      const c10::optional<at::Tensor>& R_, const c10::optional<at::Tensor>& b_,
                      const c10::optional<at::Tensor>& params_, const c10::optional<at::Tensor>& lengths,
                      int64_t reverse_from, const at::Tensor& hist, const at::Tensor& rh, int64_t fn,
-                     at::IntArrayRef dims, at::IntArrayRef launch, bool poison_outputs) {
+                     at::IntArrayRef dims, at::IntArrayRef launch, bool poison_outputs, bool defer_dR) {
   const Dims k(dims);
   const Plan plan(launch);
   c10::cuda::CUDAGuard guard(Wx_.device());
@@ -351,7 +357,7 @@ Grads fused_backward(const at::Tensor& dy_, const at::Tensor& dlast_, const at::
   TORCH_CHECK(err == 0, "rnncc fused: launching the backward kernel failed: ",
               cudaGetErrorString(static_cast<cudaError_t>(err)), fused_hint(err));
   const std::vector<int64_t> batch{0};  // of [B, NH, ·]
-  return weight_gradients(k, Wx, hist, dGr, dGb, dP, batch, dWx, dstates);
+  return weight_gradients(k, Wx, hist, dGr, dGb, dP, batch, dWx, dstates, dims, defer_dR);
 }
 
 // Whether t is a [S, B, NH, D] view whose (B, NH, D) part is contiguous (the states strided
@@ -480,15 +486,16 @@ TORCH_LIBRARY(rnncc_host, m) {
       "Tensor? lengths, int reverse_from, int fn, int[] dims, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "stepwise_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
-      "Tensor? params, Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int fn, int[] dims, bool poison) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? params, Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int fn, int[] dims, bool poison, "
+      "bool defer_dR) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_forward(Tensor Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
       "Tensor? lengths, int reverse_from, int fn, int[] dims, int[] launch, bool save, bool poison) -> (Tensor, Tensor, Tensor, Tensor)");
   m.def(
       "fused_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, "
-      "Tensor? params, Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, bool poison) "
-      "-> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+      "Tensor? params, Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int fn, int[] dims, int[] launch, "
+      "bool poison, bool defer_dR) -> (Tensor, Tensor, Tensor, Tensor, Tensor)");
+  m.def("r_gradient(Tensor G, Tensor hist, int[] dims) -> Tensor");
   m.def(
       "decode(Tensor? x, Tensor? W, Tensor? Wb, Tensor? Wx, Tensor? R, Tensor? b, Tensor states, Tensor? params, "
       "int fn, Tensor(a!)? y, Tensor(b!) new_states) -> ()");
@@ -503,6 +510,7 @@ TORCH_LIBRARY_IMPL(rnncc_host, CUDA, m) {
   m.impl("stepwise_backward", &stepwise_backward);
   m.impl("fused_forward", &fused_forward);
   m.impl("fused_backward", &fused_backward);
+  m.impl("r_gradient", &r_gradient);
   m.impl("decode", &decode);
   m.impl("decode_stack", &decode_stack);
 }

@@ -319,7 +319,8 @@ _FORWARD_SCHEMA = (
 )
 _BACKWARD_SCHEMA = (
     "{name}_backward(Tensor dy, Tensor dlast, Tensor Wx, Tensor? R, Tensor? b, Tensor? params, "
-    "Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int[] launch, bool poison) -> (Tensor, Tensor, Tensor, Tensor, Tensor)"
+    "Tensor? lengths, int reverse_from, Tensor hist, Tensor rh, int[] launch, bool poison, bool defer_dR) "
+    "-> (Tensor, Tensor, Tensor, Tensor, Tensor)"
 )
 
 
@@ -407,6 +408,7 @@ def _define_ops(
         rh: Tensor,
         launch: list[int],
         poison: bool,
+        defer_dR: bool,
     ) -> _BackwardOut:
         run = getattr(torch.ops.rnncc_host, f"{host}_backward")
         out = run(
@@ -424,6 +426,7 @@ def _define_ops(
             dims,
             *_launch_arg(launch),
             poison,
+            defer_dR,
         )
         return cast(_BackwardOut, out)
 
@@ -440,10 +443,16 @@ def _define_ops(
         rh: Tensor,
         launch: list[int],
         poison: bool,
+        defer_dR: bool,
     ) -> _BackwardOut:
+        B, T, _, NH, D = Wx.shape
         return (
             Wx.new_empty(Wx.shape),
-            Wx.new_empty((0,)) if R is None else R.new_empty(R.shape),
+            Wx.new_empty((0,))
+            if R is None
+            else Wx.new_empty((NH, T, B, Gr * D))
+            if defer_dR
+            else R.new_empty(R.shape),
             Wx.new_empty((0,)) if b is None else b.new_empty(b.shape),
             dlast.new_empty(dlast.shape),
             Wx.new_empty((0,)) if params is None else params.new_empty(params.shape),
@@ -467,6 +476,9 @@ def _define_ops(
         ctx.states_shape = states.shape
         ctx.states_dtype = states.dtype
         ctx.save = save
+        # where to leave R's gradient, rather than return it (rnncc/runtime/overlap.py:
+        # defer_r_gradient): R's gate cotangents, for dR to be made on another stream
+        ctx.r_gradient_later = None
         # hist and rh are outputs only to be saved: without this, autograd would fill a zero
         # gradient of each (hundreds of MB at T = 1024) before every backward.
         ctx.set_materialize_grads(False)
@@ -492,6 +504,8 @@ def _define_ops(
         # The backward's CUDA implementation itself where nothing records its graph (as
         # KernelOps.__call__ does for the forward).
         direct = not torch.is_grad_enabled() and _eager(Wx)
+        later = ctx.r_gradient_later if R is not None else None
+        defer = later is not None and direct
         dWx, dR, db, dstates, dparams = (backward if direct else backward_op)(
             dy,
             dlast.to(Wx.dtype),
@@ -505,6 +519,7 @@ def _define_ops(
             rh,
             ctx.launch,
             ctx.poison,
+            defer,
         )
         has_r, has_b, has_p = ctx.has
         grads: tuple[Tensor | None, ...] = (
@@ -516,6 +531,12 @@ def _define_ops(
         )
         if torch.is_grad_enabled():  # create_graph=True
             grads = _first_order_only(host, (dy, dlast, Wx, R, b, states, params), grads)
+        if later is not None:
+            if defer:
+                later["G"] = (dR, hist, dims)
+            else:
+                later["dR"] = grads[1]
+            grads = (grads[0], None, *grads[2:])
         return (*grads, None, None, None, None, None)
 
     torch.library.register_autograd(

@@ -33,7 +33,13 @@ from rnncc.runtime.api import (
     no_out,
     refuse_torch_func,
 )
-from rnncc.runtime.overlap import beside, project_beside
+from rnncc.runtime.overlap import (
+    beside,
+    defer_r_gradient,
+    join_after,
+    project_beside,
+    recurrent_beside,
+)
 from rnncc.runtime.packing import packed_like, packed_rows, padded, zero_past
 from rnncc.runtime.sparsity import is_density, magnitude_mask, validate_mask
 from rnncc.runtime.validate import (
@@ -561,7 +567,9 @@ class RNN(nn.Module):
         direction's last), so that both run in one launch; every tensor cast to ``ctype``
         (autocast's dtype, else the weights'). ``states``: ``[S, dirs, B, H]`` or None (the
         declared initial values); ``below``: the layer below's ``y`` (None for the first
-        layer), see ``_project``."""
+        layer): above the first layer, the gradients of the projection's weights and of ``R``
+        may be made on a second CUDA stream, beside the backward of the layer below
+        (``rnncc/runtime/overlap.py``)."""
         ws = [self._weights(k) for k in ks]
         B, T, _ = x.shape
         dirs, NH, D, S = len(ks), self.num_heads, self.head_dim, len(self.cell.state_names)
@@ -576,17 +584,31 @@ class RNN(nn.Module):
 
         if states is not None:  # [S, dirs, B, H] → [S, B, dirs·NH, D]
             states = _cast(states.transpose(1, 2).reshape(S, B, dirs * NH, D), ctype)
+        node = below.grad_fn if below is not None and beside(x) else None
+        if node is not None:
+            join_after(node, x.device)
+        mask = self._mask(ks[0] // dirs, ws)
+        later, r_token = None, None
+        if node is not None and mask is None and ws[0].input_proj is not None:
+            # (R's gradient follows the projection's backward; a mask is applied to R here)
+            R, r_token, later = recurrent_beside(x.device, lambda: heads([w.R for w in ws], 1))
+        else:
+            R = heads([w.R for w in ws], 1)
         y, last = self.cell._call(
-            self._project(ws, x, ctype, below),
-            heads([w.R for w in ws], 1),
+            self._project(ws, x, ctype, node, r_token),
+            R,
             heads([w.bias() for w in ws], 1),
             states,
             heads([w.params for w in ws], 1),
             backend=self.backend,
             lengths=lengths,
             reverse=[False] * NH + [True] * NH if dirs == 2 else False,
-            mask=self._mask(ks[0] // dirs, ws),
+            mask=mask,
         )
+        if later is not None and y.grad_fn is not None:
+            # a kernel's backward leaves R's gradient in later and returns None for R; the
+            # reference backend's graph returns it (and later stays empty)
+            defer_r_gradient(y.grad_fn, later)
         O = y.shape[0]
         # y [O, B, T, dirs·NH, D] → [B, T, dirs, O, H]; last [S, B, dirs·NH, D] → [S, dirs, B, H]
         out = y.view(O, B, T, dirs, H).permute(1, 2, 3, 0, 4).reshape(B, T, dirs * O * H)
@@ -608,13 +630,15 @@ class RNN(nn.Module):
         ws: list[CellWeights],
         x: torch.Tensor,
         ctype: torch.dtype,
-        below: torch.Tensor | None,
+        below: torch.autograd.graph.Node | None,
+        r_token: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """W x of the directions ``ws`` from ``x`` ``[B, T, I]``: ``[B, T, Gx, dirs·NH, D]``
         (contiguous) in ``ctype``, in one GEMM: the directions' weight rows interleaved so that
-        the product comes out with their heads side by side. Above the first layer (``below``:
-        the output of the layer below's cell call), the weights' gradients may be made on a
-        second CUDA stream, beside that call's backward (``rnncc/runtime/overlap.py``)."""
+        the product comes out with their heads side by side. ``below``: the autograd node of
+        the layer below's cell call, whose backward the weights' gradients then run beside,
+        on a second CUDA stream (``rnncc/runtime/overlap.py``; ``r_token``: R's gradient's
+        there, after this projection's backward); None: on this stream."""
         B, T, I = x.shape
         NH, D, G, H = self.num_heads, self.head_dim, len(self.cell.gx_names), self.hidden_size
         dirs = len(ws)
@@ -635,9 +659,8 @@ class RNN(nn.Module):
             return weight, interleaved(biases, (G, H, 1)).view(-1) if biases else None
 
         x = _cast(x, ctype)
-        node = below.grad_fn if below is not None and beside(x) else None
-        if node is not None:  # W's and b's gradients beside the lower layer's backward
-            out = project_beside(x.reshape(B * T, I), weights, node)
+        if below is not None:  # W's and b's gradients beside the lower layer's backward
+            out = project_beside(x.reshape(B * T, I), weights, r_token)
         else:
             out = nn.functional.linear(x, *weights())
         return out.view(B, T, G, dirs * NH, D)

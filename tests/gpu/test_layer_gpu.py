@@ -239,10 +239,10 @@ def test_decoding_steps_do_not_wait_for_the_gpu():
 
 @pytest.mark.parametrize("how", ["bf16", "autocast"])
 def test_upper_layers_weight_gradients_on_a_second_stream_are_the_one_stream_bits(monkeypatch, how):
-    """Layers above the first make their input projection's weight gradients on a second CUDA
-    stream (``rnncc/runtime/overlap.py``), beside the lower layer's backward: the same bits as
-    on one stream, accumulated over two backward calls, whole in a post-accumulate hook, also
-    under autocast with float32 weights."""
+    """Layers above the first make their input projection's weight gradients and R's on a
+    second CUDA stream (``rnncc/runtime/overlap.py``), beside the lower layer's backward: the
+    same bits as on one stream, accumulated over two backward calls, whole in a
+    post-accumulate hook, also under autocast with float32 weights."""
     from rnncc.runtime import module, overlap
 
     dtype = torch.float32 if how == "autocast" else torch.bfloat16
@@ -251,14 +251,22 @@ def test_upper_layers_weight_gradients_on_a_second_stream_are_the_one_stream_bit
     upper = layer.weights[2].input_proj.weight  # the second layer's forward direction
     seen: list[torch.Tensor] = []
     upper.register_post_accumulate_grad_hook(lambda p: seen.append(p.grad.clone()))
-    streams = []
-    made = overlap._WeightGradients.backward
+    upper_r = layer.weights[2].R
+    seen_r: list[torch.Tensor] = []
+    upper_r.register_post_accumulate_grad_hook(lambda p: seen_r.append(p.grad.clone()))
+    streams, r_streams = [], []
+    made, made_r = overlap._WeightGradients.backward, overlap._RGradient.backward
 
     def counted(ctx, g):
         streams.append(torch.cuda.current_stream())
         return made(ctx, g)
 
+    def counted_r(ctx, g):
+        r_streams.append(torch.cuda.current_stream())
+        return made_r(ctx, g)
+
     monkeypatch.setattr(overlap._WeightGradients, "backward", staticmethod(counted))
+    monkeypatch.setattr(overlap._RGradient, "backward", staticmethod(counted_r))
 
     def grads():
         layer.zero_grad(set_to_none=True)
@@ -274,8 +282,40 @@ def test_upper_layers_weight_gradients_on_a_second_stream_are_the_one_stream_bit
     assert len(streams) == 2 * 2 and all(s == side for s in streams)  # layers 2, 3; twice
     assert side != torch.cuda.current_stream()
     assert len(seen) == 2 and torch.equal(seen[-1], upper.grad)
+    assert len(r_streams) == 2 * 2 and all(s == side for s in r_streams)
+    assert len(seen_r) == 2 and torch.equal(seen_r[-1], upper_r.grad)
     monkeypatch.setattr(module, "beside", lambda x: False)
     one_stream = grads()
-    assert len(streams) == 4  # not again
+    assert len(streams) == 4 and len(r_streams) == 4  # not again
     assert all(g.dtype == dtype for g in beside[1:])
     assert all(torch.equal(a, b) for a, b in zip(beside, one_stream, strict=True))
+
+
+@pytest.mark.parametrize(
+    "backend,bidirectional", [("reference", True), ("fused", False)], ids=["reference-bi", "uni"]
+)
+def test_r_gradients_beside_where_no_kernel_defers_them(monkeypatch, backend, bidirectional):
+    """On the reference backend the cell op returns R's gradient itself; a unidirectional
+    layer in its weights' dtype takes its R parameter as it is (nothing made on the second
+    stream to accumulate through): both give the one-stream gradients (the fused kernels'
+    bits; the reference backend's to float32's rounding, its own order varying)."""
+    from rnncc.runtime import module
+
+    layer = _layer("lstm", 1, 64, torch.float32, num_layers=2, bidirectional=bidirectional)
+    layer.backend = backend
+    x = torch.randn(B, T, I, device="cuda")
+
+    def grads():
+        layer.zero_grad(set_to_none=True)
+        xg = x.clone().requires_grad_()
+        out, last = layer(xg)
+        (out.square().sum() + last.sum()).backward()
+        return [xg.grad, *(p.grad for p in layer.parameters())]
+
+    beside = grads()
+    assert layer.cell.last_backend == backend
+    monkeypatch.setattr(module, "beside", lambda x: False)
+    one_stream = grads()
+    assert all(a is not None for a in beside)
+    for a, b in zip(beside, one_stream, strict=True):  # the reference's own rounding may vary
+        torch.testing.assert_close(a, b, rtol=0 if backend == "fused" else 1e-5, atol=0)

@@ -54,9 +54,8 @@ def test_fake_forward_and_backward_shapes(save, host):
         else:
             assert hist.numel() == 0 and rh.numel() == 0
         bwd = getattr(torch.ops.rnncc, f"{name}_backward")
-        dWx, dR, db, dst, dp = bwd(
-            y, last, x["Wx"], x["R"], x["b"], x["params"], None, False, hist, rh, launch, False
-        )
+        args = (y, last, x["Wx"], x["R"], x["b"], x["params"], None, False, hist, rh, launch)
+        dWx, dR, db, dst, dp = bwd(*args, False, False)
         assert (dWx.shape, dR.shape, db.shape, dst.shape, dp.shape) == (
             s["Wx"],
             s["R"],
@@ -64,6 +63,8 @@ def test_fake_forward_and_backward_shapes(save, host):
             s["states"],
             s["params"],
         )
+        # defer_dR: the gate cotangents in dR's place
+        assert bwd(*args, False, True)[1].shape == (NH, T, B, len(ir.gr_names) * D)
 
 
 @pytest.mark.slow
@@ -167,7 +168,21 @@ def test_the_recorded_function_saves_and_differentiates_as_the_registered_op(mon
     y, last, _, _ = run.recorded(Wx, R, b, states, None, None, 1, launch, True, False)
     assert calls["forward"] == (1, 11, [S, 1, 4, 4, 4, 0, 0], launch, True, False)
     (y.sum() + last.sum()).backward()
-    assert calls["backward"] == (y.shape, last.shape, (T + 1,), (T,), 22, (launch, False))
+    assert calls["backward"] == (y.shape, last.shape, (T + 1,), (T,), 22, (launch, False, False))
     assert torch.equal(Wx.grad, torch.full(Wx.shape, 2.0))
     assert torch.equal(R.grad, R.detach() + 3) and torch.equal(b.grad, b.detach() + 4)
     assert torch.equal(states.grad, torch.full(states.shape, 6.0))  # dlast (ones) + 5
+
+    # dR deferred to another stream (rnncc.RNN's upper layers): the op's node is its context;
+    # the backward leaves the gate cotangents (the stand-in's dR slot) for overlap._RGradient
+    # and returns no gradient for R.
+    from rnncc.runtime.overlap import defer_r_gradient
+
+    R.grad, later = None, {}
+    y, last, _, _ = run.recorded(Wx, R, b, states, None, None, 1, launch, True, False)
+    defer_r_gradient(y.grad_fn, later)
+    (y.sum() + last.sum()).backward()
+    assert calls["backward"][-1] == (launch, False, True)
+    G, hist, dims = later["G"]
+    assert torch.equal(G, R.detach() + 3) and hist.shape == (T + 1,)
+    assert dims == [S, 1, 4, 4, 4, 0, 0] and R.grad is None
