@@ -25,6 +25,7 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from rnncc.runtime.api import (
+    _CUDA_DTYPES,
     CompiledCell,
     check_backend,
     check_out,
@@ -584,7 +585,10 @@ class RNN(nn.Module):
 
         if states is not None:  # [S, dirs, B, H] → [S, B, dirs·NH, D]
             states = _cast(states.transpose(1, 2).reshape(S, B, dirs * NH, D), ctype)
-        node = below.grad_fn if below is not None and beside(x) else None
+        # Only where the cell op runs a CUDA kernel: its backward is first order, as the side
+        # stream's Functions are; the reference backend's is differentiable again.
+        kernel = self.backend != "reference" and ctype in _CUDA_DTYPES
+        node = below.grad_fn if below is not None and kernel and beside(x) else None
         if node is not None:
             join_after(node, x.device)
         mask = self._mask(ks[0] // dirs, ws)

@@ -18,6 +18,10 @@ third of the SMs idle for 4 ms. Here they run on a second stream, beside that ke
   them on that stream once the projection's backward is queued; the join's backward and the
   accumulation then run there too.
 
+These Functions' backwards are first order (they raise when differentiated again), as the cell
+op's is on the CUDA backends, the only ones they serve: a layer whose cell runs on the reference
+backend, whose backward is differentiable again, keeps one stream.
+
 The caller's stream waits for the second stream once the lower layer's recurrent backward is
 queued (``join_after``: a hook on that op's node), so every gradient accumulated later is
 ordered after these (``backward()`` would join the streams only at its end: autograd syncs the
@@ -35,6 +39,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import torch
+from torch.autograd.function import once_differentiable
 
 from rnncc.runtime.api import _may_keep
 
@@ -167,6 +172,7 @@ class _RGradient(torch.autograd.Function):
         return R.new_zeros(())
 
     @staticmethod
+    @once_differentiable
     def backward(ctx: torch.autograd.function.FunctionCtx, _: torch.Tensor) -> tuple[Any, None]:
         later: dict[str, Any] = ctx.later  # type: ignore[attr-defined]
         if "G" not in later:
@@ -196,6 +202,7 @@ class _WeightGradients(torch.autograd.Function):
         return x.new_zeros(()).expand(x.shape[0], weight.shape[0])
 
     @staticmethod
+    @once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor
     ) -> tuple[None, torch.Tensor | None, torch.Tensor | None]:
@@ -227,6 +234,7 @@ class _Projection(torch.autograd.Function):
         return x.mm(weight.t()) if bias is None else torch.addmm(bias, x, weight.t())
 
     @staticmethod
+    @once_differentiable
     def backward(
         ctx: torch.autograd.function.FunctionCtx, g: torch.Tensor
     ) -> tuple[torch.Tensor | None, None, None, torch.Tensor, torch.Tensor | None]:

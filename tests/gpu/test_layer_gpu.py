@@ -291,19 +291,18 @@ def test_upper_layers_weight_gradients_on_a_second_stream_are_the_one_stream_bit
     assert all(torch.equal(a, b) for a, b in zip(beside, one_stream, strict=True))
 
 
-@pytest.mark.parametrize(
-    "backend,bidirectional", [("reference", True), ("fused", False)], ids=["reference-bi", "uni"]
-)
-def test_r_gradients_beside_where_no_kernel_defers_them(monkeypatch, backend, bidirectional):
-    """On the reference backend the cell op returns R's gradient itself; a unidirectional
-    layer in its weights' dtype takes its R parameter as it is (nothing made on the second
-    stream to accumulate through): both give the one-stream gradients (the fused kernels'
-    bits; the reference backend's to float32's rounding, its own order varying)."""
-    from rnncc.runtime import module
+def test_a_unidirectional_layer_s_r_gradient_stays_on_the_caller_s_stream(monkeypatch):
+    """A unidirectional layer in its weights' dtype takes its R parameter as it is (nothing
+    made on the second stream to accumulate through): the one-stream gradients."""
+    from rnncc.runtime import module, overlap
 
-    layer = _layer("lstm", 1, 64, torch.float32, num_layers=2, bidirectional=bidirectional)
-    layer.backend = backend
+    layer = _layer("lstm", 1, 64, torch.float32, num_layers=2)
     x = torch.randn(B, T, I, device="cuda")
+    r_calls = []
+    made_r = overlap._RGradient.backward
+    monkeypatch.setattr(
+        overlap._RGradient, "backward", staticmethod(lambda c, g: r_calls.append(1) or made_r(c, g))
+    )
 
     def grads():
         layer.zero_grad(set_to_none=True)
@@ -313,9 +312,24 @@ def test_r_gradients_beside_where_no_kernel_defers_them(monkeypatch, backend, bi
         return [xg.grad, *(p.grad for p in layer.parameters())]
 
     beside = grads()
-    assert layer.cell.last_backend == backend
+    assert layer.cell.last_backend == "fused" and not r_calls
     monkeypatch.setattr(module, "beside", lambda x: False)
-    one_stream = grads()
-    assert all(a is not None for a in beside)
-    for a, b in zip(beside, one_stream, strict=True):  # the reference's own rounding may vary
-        torch.testing.assert_close(a, b, rtol=0 if backend == "fused" else 1e-5, atol=0)
+    assert all(torch.equal(a, b) for a, b in zip(beside, grads(), strict=True))
+
+
+def test_the_reference_backend_keeps_one_stream_and_its_second_order(monkeypatch):
+    """On CUDA the reference backend's backward is differentiable again, which the second
+    stream's Functions are not: its stacks keep one stream, and a gradient penalty reaches
+    the upper layer's input projection."""
+    from rnncc.runtime import module
+
+    layer = _layer("lstm", 1, 16, torch.float32, num_layers=2, bidirectional=True)
+    layer.backend = "reference"
+    monkeypatch.setattr(module, "project_beside", None)  # called: a TypeError
+    monkeypatch.setattr(module, "recurrent_beside", None)
+    x = torch.randn(B, 5, I, device="cuda", requires_grad=True)
+    out, _ = layer(x)
+    (dx,) = torch.autograd.grad(out.square().sum(), x, create_graph=True)
+    dx.square().sum().backward()
+    assert layer.cell.last_backend == "reference"
+    assert layer.weights[2].input_proj.weight.grad.abs().sum() > 0
