@@ -57,15 +57,27 @@ _T = TypeVar("_T")
 def beside(x: torch.Tensor) -> bool:
     """Whether a layer's projection of ``x`` (the layer below's output) makes its weight
     gradients on the side stream: on CUDA, in eager mode (not while torch.compile traces, a
-    dispatch mode runs or a CUDA graph captures), recording gradients, and only where ``x``
-    requires grad, so that a lower layer's backward follows to run beside."""
+    dispatch mode runs or a CUDA graph captures), recording gradients, only where ``x``
+    requires grad, so that a lower layer's backward follows to run beside, and outside a
+    process group (``in_process_group``)."""
     return (
         x.is_cuda
         and x.requires_grad
         and torch.is_grad_enabled()
         and _may_keep(True)
         and hasattr(torch.cuda, "_sleep")
+        and not in_process_group()
     )
+
+
+def in_process_group() -> bool:
+    """Whether this process has initialised ``torch.distributed``. DDP keeps each parameter's
+    gradient accumulation node from its construction, made on the caller's stream; autograd
+    then accumulates a gradient made on the side stream there, after waiting for it (no
+    overlap), and warns of the mismatch on every backward."""
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized()
 
 
 def side_stream(device: torch.device) -> torch.cuda.Stream:

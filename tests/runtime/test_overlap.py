@@ -64,3 +64,15 @@ def test_a_stack_on_the_reference_backend_keeps_one_stream(monkeypatch):
         (dx,) = torch.autograd.grad(layer(x)[0].square().sum(), x, create_graph=True)
         dx.square().sum().backward()
         assert layer.weights[2].input_proj.weight.grad.abs().sum() > 0
+
+
+def test_a_process_group_keeps_one_stream(monkeypatch):
+    """DDP holds each parameter's accumulation node on the caller's stream from its
+    construction: where torch.distributed is initialised, no second stream."""
+    import torch.distributed as dist
+
+    from rnncc.runtime.overlap import in_process_group
+
+    assert not in_process_group()
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    assert in_process_group() == dist.is_available()
