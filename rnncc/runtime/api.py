@@ -642,13 +642,19 @@ def decodes(
     no gradient (none enabled, or none of ``inputs()`` requires one: asked only with
     gradients enabled), outside torch.compile's tracing and torch dispatch modes (which see
     the differentiable ops instead)."""
-    if backend == "reference" or device.type != "cuda" or dtype not in _CUDA_DTYPES:
+    if not runs_kernels(backend, device, dtype):
         return False
     if torch.compiler.is_compiling() or is_in_torch_dispatch_mode():
         return False
     return not torch.is_grad_enabled() or not any(
         t is not None and t.requires_grad for t in inputs()
     )
+
+
+def runs_kernels(backend: str, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether a call with ``backend`` on ``device`` in ``dtype`` runs rnncc's CUDA kernels
+    (whose backward is first order) rather than the reference backend."""
+    return backend != "reference" and device.type == "cuda" and dtype in _CUDA_DTYPES
 
 
 def no_out(backend: str, device: torch.device, dtype: torch.dtype) -> ValueError:

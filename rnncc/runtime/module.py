@@ -25,7 +25,6 @@ from torch import nn
 from torch.nn.utils.rnn import PackedSequence
 
 from rnncc.runtime.api import (
-    _CUDA_DTYPES,
     CompiledCell,
     check_backend,
     check_out,
@@ -33,6 +32,7 @@ from rnncc.runtime.api import (
     load_for_layer,
     no_out,
     refuse_torch_func,
+    runs_kernels,
 )
 from rnncc.runtime.overlap import (
     beside,
@@ -585,16 +585,21 @@ class RNN(nn.Module):
 
         if states is not None:  # [S, dirs, B, H] → [S, B, dirs·NH, D]
             states = _cast(states.transpose(1, 2).reshape(S, B, dirs * NH, D), ctype)
-        # Only where the cell op runs a CUDA kernel: its backward is first order, as the side
-        # stream's Functions are; the reference backend's is differentiable again.
-        kernel = self.backend != "reference" and ctype in _CUDA_DTYPES
-        node = below.grad_fn if below is not None and kernel and beside(x) else None
+        # Beside the lower layer's backward: where the cell op runs CUDA kernels (first order,
+        # as the side stream's Functions are; the reference backend's is differentiable
+        # again) and has an input projection, whose backward R's gradient follows.
+        side = (
+            below is not None
+            and ws[0].input_proj is not None
+            and runs_kernels(self.backend, x.device, ctype)
+            and beside(x)
+        )
+        node = below.grad_fn if below is not None and side else None
         if node is not None:
             join_after(node, x.device)
         mask = self._mask(ks[0] // dirs, ws)
         later, r_token = None, None
-        if node is not None and mask is None and ws[0].input_proj is not None:
-            # (R's gradient follows the projection's backward; a mask is applied to R here)
+        if node is not None and mask is None:  # (a mask is applied to R on this stream)
             R, r_token, later = recurrent_beside(x.device, lambda: heads([w.R for w in ws], 1))
         else:
             R = heads([w.R for w in ws], 1)
@@ -610,8 +615,7 @@ class RNN(nn.Module):
             mask=mask,
         )
         if later is not None and y.grad_fn is not None:
-            # a kernel's backward leaves R's gradient in later and returns None for R; the
-            # reference backend's graph returns it (and later stays empty)
+            # the kernel op's backward leaves R's gradient in later and returns None for R
             defer_r_gradient(y.grad_fn, later)
         O = y.shape[0]
         # y [O, B, T, dirs·NH, D] → [B, T, dirs, O, H]; last [S, B, dirs·NH, D] → [S, dirs, B, H]

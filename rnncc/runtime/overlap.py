@@ -166,7 +166,8 @@ def defer_r_gradient(op: torch.autograd.graph.Node, later: dict[str, object]) ->
     ``torch.autograd.Function``, ``rnncc/runtime/kernels.py``), leave ``R``'s gradient in
     ``later`` rather than return it: its gate cotangents where its backward defers ``dR``
     (``later["G"]``), else ``dR`` itself (``later["dR"]``); ``_RGradient`` takes it from
-    there. Any other ``op`` (the reference backend's graph) returns ``dR`` itself."""
+    there. Any other ``op`` (a torch node: none reaches here while the layer plans kernels)
+    returns ``dR`` itself, and ``later`` stays empty."""
     if hasattr(op, "r_gradient_later"):
         op.r_gradient_later = later
 

@@ -20,7 +20,7 @@ def test_torch_has_the_hold_the_side_stream_starts_with():
 
 
 def test_r_gradient_defers_only_through_a_kernel_op_s_context():
-    """The reference backend's graph ends in torch's own nodes: they return dR themselves."""
+    """A torch node (not a kernel op's context) returns dR itself: nothing is set on it."""
     from rnncc.runtime.overlap import defer_r_gradient
 
     a = torch.randn(2, requires_grad=True)
