@@ -116,6 +116,14 @@ def test_record_schema_and_results_file(tmp_path):
     assert bench.gpu_slug(None) == "cpu"
 
 
+def test_record_problem_fields_are_written_beside_the_schema_s():
+    case = Case("lstm", 16, 1024, 1, 768, "bf16")
+    d = Record.for_case("x", case, problem={"num_layers": 2, "packed": "given"}).as_dict()
+    assert (d["num_layers"], d["packed"], d["D"]) == (2, "given", 768) and "problem" not in d
+    with pytest.raises(ValueError, match=r"\['D'\] are the record's own"):
+        Record.for_case("x", case, problem={"D": 64}).as_dict()
+
+
 def test_baseline_detection_lstm_gru_not_slstm():
     import rnncc
 

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 class Record:
     """One measurement, as JSON: times in ms (``None`` where not measured), spreads as
     ``[q1, q3]`` and ``[min, max]``; ``status`` is ``ok``, ``unavailable``, ``skipped`` or
-    ``failed`` (``note`` says why, or what differs from the other systems)."""
+    ``failed`` (``note`` says why, or what differs from the other systems). ``problem`` holds
+    the problem's other fields where they apply (``num_layers``, ``bidirectional``, ``packed``,
+    ``lengths``, ...), written beside the others, not nested."""
 
     system: str
     cell: str
@@ -50,6 +52,7 @@ class Record:
     status: str = "ok"
     note: str = ""
     sweeps: list[str] = field(default_factory=list)
+    problem: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def for_case(cls, system: str, case: Case, **kw: Any) -> Record:
@@ -61,10 +64,14 @@ class Record:
         setattr(self, f"{phase}_range_ms", [round(s.min, 4), round(s.max, 4)])
 
     def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        out = dataclasses.asdict(self)
+        problem: dict[str, Any] = out.pop("problem")
+        if clash := set(problem) & set(out):
+            raise ValueError(f"problem fields {sorted(clash)} are the record's own")
+        return out | problem
 
 
-RECORD_KEYS = tuple(f.name for f in dataclasses.fields(Record))
+RECORD_KEYS = tuple(f.name for f in dataclasses.fields(Record) if f.name != "problem")
 
 
 def _nvidia_smi(index: int) -> dict[str, str]:

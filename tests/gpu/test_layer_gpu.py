@@ -237,16 +237,19 @@ def test_decoding_steps_do_not_wait_for_the_gpu():
     assert states.shape == (2, 2, B, 64)
 
 
-@pytest.mark.parametrize("how", ["bf16", "autocast"])
+@pytest.mark.parametrize("how", ["bf16", "autocast", "stepwise"])
 def test_upper_layers_weight_gradients_on_a_second_stream_are_the_one_stream_bits(monkeypatch, how):
     """Layers above the first make their input projection's weight gradients and R's on a
     second CUDA stream (``rnncc/runtime/overlap.py``), beside the lower layer's backward: the
     same bits as on one stream, accumulated over two backward calls, whole in a
-    post-accumulate hook, also under autocast with float32 weights."""
+    post-accumulate hook, also under autocast with float32 weights and on the stepwise
+    backend (whose backward defers R's gradient too)."""
     from rnncc.runtime import module, overlap
 
     dtype = torch.float32 if how == "autocast" else torch.bfloat16
     layer = _layer("lstm", 1, 64, dtype, torch.bfloat16, num_layers=3, bidirectional=True)
+    if how == "stepwise":
+        layer.backend = "stepwise"
     x = torch.randn(B, T, I, device="cuda", dtype=dtype)
     upper = layer.weights[2].input_proj.weight  # the second layer's forward direction
     seen: list[torch.Tensor] = []
