@@ -112,7 +112,8 @@ def main() -> None:
         f"before the call: lengths {int(lengths().min())}-{T}. one: the median of 5 rnncc / 3 "
         "cuDNN calls, each with the device idle before it; b2b: the mean of as many calls "
         "queued back to back. ms.",
-        "round  " + "  ".join(f"{inp[:6]}: rnncc one b2b  cuDNN one b2b  ratio one b2b" for inp in INPUTS),
+        "round" + "".join(f"  {inp[:6]:>6}: rnncc one   b2b  cuDNN one   b2b  ratio one   b2b"
+                          for inp in INPUTS),
     ]  # fmt: skip
     ratios: dict[tuple[str, str], list[float]] = {}
     spans: dict[tuple[str, str, str], list[float]] = {}
@@ -140,7 +141,7 @@ def main() -> None:
             (r1, r2), (c1, c2) = times["rnncc.RNN fused bf16"], times["torch.nn.LSTM cuDNN fp16"]
             ratios.setdefault((inp, "one"), []).append(r1 / c1)
             ratios.setdefault((inp, "b2b"), []).append(r2 / c2)
-            row += f"  {r1:13.2f} {r2:5.2f} {c1:10.1f} {c2:5.1f} {r1 / c1:9.3f} {r2 / c2:5.3f}"
+            row += f"  {r1:17.2f} {r2:5.2f} {c1:9.1f} {c2:5.1f} {r1 / c1:9.3f} {r2 / c2:5.3f}"
         print(row, flush=True)
         lines.append(row)
     for (inp, how), rs in ratios.items():
