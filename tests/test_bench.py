@@ -124,6 +124,23 @@ def test_record_problem_fields_are_written_beside_the_schema_s():
         Record.for_case("x", case, problem={"D": 64}).as_dict()
 
 
+@pytest.mark.parametrize(
+    ("head", "diff", "expected"),
+    [(0, 0, "abc123"), (0, 1, "abc123-dirty"), (128, 0, None)],
+)
+def test_a_record_names_a_tree_that_differs_from_head_dirty(monkeypatch, head, diff, expected):
+    import subprocess
+
+    from rnncc.bench import records
+
+    def run(args, **kw):
+        rc = head if "rev-parse" in args else diff
+        return subprocess.CompletedProcess(args, rc, "abc123\n" if rc == 0 else "", "")
+
+    monkeypatch.setattr(records.subprocess, "run", run)
+    assert records._git_commit() == expected
+
+
 def test_baseline_detection_lstm_gru_not_slstm():
     import rnncc
 

@@ -92,19 +92,26 @@ def _nvidia_smi(index: int) -> dict[str, str]:
 
 
 def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=Path(__file__).resolve().parents[2],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
+    """HEAD's short hash, with ``-dirty`` where tracked files differ from it (a copied tree
+    whose ``.git`` is another commit's, or uncommitted edits): a record names what it ran."""
+
+    def git(*args: str) -> subprocess.CompletedProcess[str] | None:
+        try:
+            return subprocess.run(
+                ["git", *args],
+                cwd=Path(__file__).resolve().parents[2],
+                capture_output=True,
+                text=True,
+                timeout=10,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    head = git("rev-parse", "--short=12", "HEAD")
+    if head is None or head.returncode != 0 or not head.stdout.strip():
         return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+    diff = git("diff", "--quiet", "HEAD", "--")
+    return head.stdout.strip() + ("-dirty" if diff is None or diff.returncode != 0 else "")
 
 
 def machine_info(device: Any) -> dict[str, Any]:
