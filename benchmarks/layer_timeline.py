@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from layer_speed import B, H, T, lengths
-from torch.nn.utils.rnn import pack_padded_sequence
+from layer_ratio import step_fn
+from layer_speed import H
 from torch.profiler import ProfilerActivity, profile
 
 import rnncc
@@ -38,17 +38,7 @@ def main() -> None:
         rnncc.load_builtin("lstm"), H, H, 2, bidirectional=True, backend="fused",
         device="cuda", dtype=torch.bfloat16,
     )  # fmt: skip
-    x = torch.randn(B, T, H, device="cuda", dtype=torch.bfloat16)
-    if args.packed:
-        inp = pack_padded_sequence(x, lengths(), batch_first=True, enforce_sorted=False)
-    else:
-        inp = x.requires_grad_()
-
-    def call() -> None:
-        layer.zero_grad(set_to_none=True)
-        x.grad = None
-        out = layer(inp)[0]
-        (out.data if args.packed else out).float().sum().backward()
+    call = step_fn(layer, torch.bfloat16, args.packed)
 
     for _ in range(5):  # builds, cuBLAS's plans
         call()
