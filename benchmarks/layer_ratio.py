@@ -6,8 +6,8 @@ taken per round, rnncc and cuDNN timed back to back, over many rounds. Each roun
 each system, the padded batch (the input needs a gradient) and the same batch packed before the
 call (the lengths of ``layer_speed.py``, 278 to 1024; the input needs no gradient), two ways:
 
-- one call: the median of ``--calls`` calls, each with the device idle before it (the protocol
-  of the README's tables: it includes the host's time to queue the first kernel);
+- one call: the median of 5 rnncc / 3 cuDNN calls, each with the device idle before it (the
+  protocol of the README's tables: it includes the host's time to queue the first kernel);
 - back to back: the mean of as many calls queued without waiting (a training loop: the host is
   ahead of the GPU).
 
